@@ -1,0 +1,109 @@
+"""`gamma-titan`: the command line.
+
+    gamma-titan train CONFIG.toml [--nproc N] [--section.key value ...]
+    gamma-titan inspect CONFIG.toml [--json] [--section.key value ...]
+    gamma-titan tokenizer train [--vocab-size N] [--force]
+
+`train` checks the config here, then starts `torchrun -m gamma_titan.train` with N
+processes on this node (default: the number of GPUs, or 1 without one). For several
+nodes, call torchrun yourself with the same module (see the README).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+from gamma_titan.errors import ConfigError
+
+
+def _config_argv(config: str, overrides: list[str]) -> list[str]:
+    return ["--job.config_file", config, *overrides]
+
+
+def _default_nproc() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 1
+
+
+def cmd_train(ns, overrides: list[str]) -> int:
+    from gamma_titan.config import load_job_config
+    from gamma_titan.train import preflight
+
+    nproc = ns.nproc or _default_nproc()
+    if nproc < 1:
+        raise ConfigError(f"--nproc {nproc}: must be >= 1")
+    argv = _config_argv(ns.config, overrides)
+    preflight(load_job_config(argv), world_size=nproc)  # fail here, before torchrun starts
+    command = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--standalone", f"--nproc_per_node={nproc}",
+        "--local-ranks-filter", "0", "--role", "rank", "--tee", "3",
+        "-m", "gamma_titan.train", *argv,
+    ]
+    env = dict(os.environ)
+    if nproc > 1 and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+    print("+ " + " ".join(command), flush=True)
+    return subprocess.call(command, env=env)
+
+
+def cmd_inspect(ns, overrides: list[str]) -> int:
+    from gamma_titan.config import load_job_config
+    from gamma_titan.inspect_model import format_report, inspect_model, resolve_model
+
+    config = load_job_config(_config_argv(ns.config, overrides))
+    spec, args = resolve_model(config)
+    report = inspect_model(spec, args, config.training.seq_len)
+    print(json.dumps(report) if ns.json else format_report(report))
+    return 0
+
+
+def cmd_tokenizer_train(ns, overrides: list[str]) -> int:
+    if overrides:
+        raise ConfigError(f"unknown arguments: {' '.join(overrides)}")
+    from gamma_titan.data.tokenizer import ensure_builtin_tokenizer
+
+    print(ensure_builtin_tokenizer(ns.vocab_size, force=ns.force))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gamma-titan", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="check a config and launch training with torchrun")
+    train.add_argument("config", help="TOML file (configs/...)")
+    train.add_argument("--nproc", type=int, default=0, help="processes on this node")
+    train.set_defaults(run=cmd_train)
+
+    inspect = sub.add_parser("inspect", help="the model of a config at init, on the CPU")
+    inspect.add_argument("config")
+    inspect.add_argument("--json", action="store_true", help="one JSON object")
+    inspect.set_defaults(run=cmd_inspect)
+
+    tok = sub.add_parser("tokenizer", help="tokenizers").add_subparsers(dest="action", required=True)
+    tok_train = tok.add_parser("train", help="train (once) the built-in byte-level BPE tokenizer")
+    tok_train.add_argument("--vocab-size", type=int, default=4096)
+    tok_train.add_argument("--force", action="store_true", help="retrain even if cached")
+    tok_train.set_defaults(run=cmd_tokenizer_train)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    ns, rest = build_parser().parse_known_args(argv)
+    try:
+        code = ns.run(ns, rest)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        code = 2
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,250 @@
+"""The TOML surface gamma_titan adds to TorchTitan's JobConfig, and its validation.
+
+TorchTitan merges these dataclasses into its own JobConfig (`job.custom_config_module =
+"gamma_titan.config"`), so each key works in TOML and as a CLI override:
+
+    [gamma]                       --gamma.init_rate 0.5
+    [gamma.init_rate_overrides]   --gamma.init_rate_overrides.output 0.5
+    [model_args]                  --model_args.dim 256
+
+`load_job_config` parses a command line the way TorchTitan does, but first checks every
+key and value it can without starting anything, so bad input ends in one `ConfigError`
+line that names the key.
+"""
+
+import dataclasses
+import math
+import os
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Literal
+
+from gamma_titan.errors import ConfigError
+from gamma_titan.init import GROUPS, GammaInit
+from gamma_titan.models.common import ATTENTION_GATES
+
+CONFIG_MODULE = "gamma_titan.config"
+MAX_INIT_RATE = 4.0
+
+
+@dataclass
+class InitRateOverrides:
+    """γ for one parameter group, for ablations; unset groups use gamma.init_rate."""
+
+    embedding: float | None = None
+    attention: float | None = None
+    gate: float | None = None
+    ffn: float | None = None
+    output: float | None = None
+
+
+@dataclass
+class Gamma:
+    init_rate: float = 1.0
+    """γ: every weight matrix W ~ N(0, d_in^(-2γ)). 0.5 = standard scale, 1 = the paper's balance point."""
+    norm_eps: float = 1e-12
+    """ε of every RMSNorm in the model. Must sit far below d^(-2γ), the hidden variance at init."""
+    attention_gate: Literal["none", "headwise", "elementwise"] = "elementwise"
+    """Sigmoid gate on each head's attention output: none, one per head, or one per channel."""
+    init_truncation: float = 0.0
+    """Truncate the init normal at ± this many σ; 0 draws a plain normal, as in the paper."""
+    init_rate_overrides: InitRateOverrides = field(default_factory=InitRateOverrides)
+
+
+@dataclass
+class ModelArgsOverrides:
+    """Any field of the chosen flavor; unset fields keep the flavor's value."""
+
+    dim: int | None = None
+    n_layers: int | None = None
+    n_heads: int | None = None
+    n_kv_heads: int | None = None
+    ffn_hidden_dim: int | None = None
+    vocab_size: int | None = None
+    rope_theta: float | None = None
+    max_seq_len: int | None = None
+
+
+@dataclass
+class JobConfig:
+    gamma: Gamma = field(default_factory=Gamma)
+    model_args: ModelArgsOverrides = field(default_factory=ModelArgsOverrides)
+
+
+# --- checks on the gamma_titan sections ------------------------------------------------
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_init_rate(key: str, value: Any) -> None:
+    if not _is_number(value) or not 0 < value <= MAX_INIT_RATE:
+        raise ConfigError(f"{key} = {value!r}: must be a number in (0, {MAX_INIT_RATE:g}]")
+
+
+def check_gamma(gamma: Gamma) -> None:
+    _check_init_rate("gamma.init_rate", gamma.init_rate)
+    if not _is_number(gamma.norm_eps) or gamma.norm_eps <= 0:
+        raise ConfigError(f"gamma.norm_eps = {gamma.norm_eps!r}: must be a number > 0")
+    if gamma.attention_gate not in ATTENTION_GATES:
+        raise ConfigError(
+            f"gamma.attention_gate = {gamma.attention_gate!r}: allowed {', '.join(ATTENTION_GATES)}"
+        )
+    if not _is_number(gamma.init_truncation) or gamma.init_truncation < 0:
+        raise ConfigError(
+            f"gamma.init_truncation = {gamma.init_truncation!r}: must be >= 0 (0 = no truncation)"
+        )
+    for group in GROUPS:
+        value = getattr(gamma.init_rate_overrides, group)
+        if value is not None:
+            _check_init_rate(f"gamma.init_rate_overrides.{group}", value)
+
+
+def apply_to_model_args(args, job_config) -> None:
+    """Write [model_args] and [gamma] into a flavor's args, then check the shape.
+
+    Called from the args' `update_from_config`, i.e. by TorchTitan's Trainer, and by the
+    pre-flight checks, so both see the same model.
+    """
+    check_gamma(job_config.gamma)
+    allowed = {f.name for f in fields(args)}
+    for f in fields(ModelArgsOverrides):
+        value = getattr(job_config.model_args, f.name)
+        if value is None:
+            continue
+        if f.name not in allowed:
+            raise ConfigError(f"model_args.{f.name} does not apply to model {job_config.model.name}")
+        setattr(args, f.name, value)
+
+    gamma = job_config.gamma
+    args.norm_eps = float(gamma.norm_eps)
+    args.attention_gate = gamma.attention_gate
+    overrides = {g: float(v) for g in GROUPS if (v := getattr(gamma.init_rate_overrides, g)) is not None}
+    args.init = GammaInit(
+        rate=float(gamma.init_rate),
+        rate_overrides=overrides,
+        truncation=float(gamma.init_truncation),
+        seed=job_config.debug.seed,
+    )
+    seq_lens = [job_config.training.seq_len]
+    if job_config.validation.enable:
+        seq_lens.append(job_config.validation.seq_len)
+    args.max_seq_len = max(args.max_seq_len, *seq_lens)
+    args.check()
+
+
+# --- parsing ---------------------------------------------------------------------------
+
+
+def _check_keys(cls, data: dict, where: str) -> None:
+    """Every key of a TOML table must be a field of the dataclass it fills."""
+    names = {f.name: f for f in fields(cls)}
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else key
+        if key not in names:
+            table = f"[{where}]" if where else "top level"
+            raise ConfigError(f"unknown key {path!r} in {table}; allowed: {', '.join(sorted(names))}")
+        sub = _resolve_type(cls, key)
+        if is_dataclass(sub):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{path} must be a table, got {value!r}")
+            _check_keys(sub, value, path)
+
+
+def _resolve_type(cls, name: str):
+    return typing.get_type_hints(cls)[name]
+
+
+def _read_toml(path: str) -> dict:
+    import tomllib
+
+    if not os.path.isfile(path):
+        raise ConfigError(f"job.config_file: {path!r} does not exist")
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"job.config_file: {path} is not valid TOML: {e}") from None
+
+
+def _config_file(argv: list[str]) -> str | None:
+    for i, arg in enumerate(argv):
+        for key in ("--job.config_file", "--job.config-file"):
+            if arg == key and i + 1 < len(argv):
+                return argv[i + 1]
+            if arg.startswith(key + "="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+def _normalise_cli(cls, argv: list[str]) -> list[str]:
+    """Check that every `--section.key` override names a real key (tyro's own message
+    is a page long), and accept `--flag true|false` for booleans, which tyro spells
+    `--flag` / `--no-flag`."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        if not arg.startswith("--") or arg in ("--help", "-h"):
+            out.append(arg)
+            continue
+        path, _, inline = arg[2:].partition("=")
+        parts = path.replace("-", "_").split(".")
+        node, kind = cls, None
+        for depth, part in enumerate(parts):
+            names = {f.name for f in fields(node)}
+            last = depth == len(parts) - 1
+            name = part[3:] if last and part.startswith("no_") and part[3:] in names else part
+            if name not in names:
+                where = ".".join(parts[:depth]) or "(top level)"
+                raise ConfigError(f"unknown option --{path}; allowed under {where}: {', '.join(sorted(names))}")
+            node = _resolve_type(node, name)
+            if not is_dataclass(node):
+                kind = node
+                break
+        value = inline or (argv[i] if i < len(argv) and not inline else "")
+        if kind is bool and value.lower() in ("true", "false") and not parts[-1].startswith("no_"):
+            if not inline:
+                i += 1
+            prefix = ".".join(parts[:-1])
+            flag = parts[-1] if value.lower() == "true" else "no_" + parts[-1]
+            out.append(f"--{prefix}.{flag}" if prefix else f"--{flag}")
+            continue
+        out.append(arg)
+    return out
+
+
+def with_config_module(argv: list[str]) -> list[str]:
+    """Add `--job.custom_config_module gamma_titan.config` unless the TOML or CLI sets it."""
+    if any(a.startswith(("--job.custom_config_module", "--job.custom-config-module")) for a in argv):
+        return argv
+    return [*argv, "--job.custom_config_module", CONFIG_MODULE]
+
+
+def load_job_config(argv: list[str]):
+    """Parse a TorchTitan command line (TOML + overrides) into the merged JobConfig.
+
+    Raises ConfigError for unknown keys and out-of-range [gamma] values. Nothing is
+    started or written.
+    """
+    from torchtitan.config import ConfigManager
+    from torchtitan.config.job_config import JobConfig as TitanJobConfig
+
+    argv = with_config_module(list(argv))
+    merged = ConfigManager._merge_configs(TitanJobConfig, JobConfig)
+    path = _config_file(argv)
+    if path is not None:
+        _check_keys(merged, _read_toml(path), "")
+    argv = _normalise_cli(merged, argv)
+    try:
+        config = ConfigManager().parse_args(argv)
+    except ValueError as e:  # TorchTitan's own checks
+        raise ConfigError(str(e).splitlines()[0]) from None
+    check_gamma(config.gamma)
+    return config
+
+
+def as_dict(config) -> dict:
+    return dataclasses.asdict(config)

@@ -1,0 +1,113 @@
+"""`<dump_folder>/metrics.jsonl`: one JSON object per logged step, next to TensorBoard.
+
+TorchTitan's MetricsProcessor computes the numbers (loss, grad norm, throughput, MFU,
+memory) and hands them to its loggers; this adds one logger that writes them as JSON
+lines with short names (`step`, `loss`, `grad_norm`, `lr`, `tps`, `val_loss`, ...) and
+all of TorchTitan's own keys. When validation runs at a step, its loss goes into that
+step's object, so each step has exactly one line. The file is appended to, never
+truncated: a resumed run continues it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import torch
+from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsProcessor
+
+METRICS_FILE = "metrics.jsonl"
+
+# TorchTitan's key -> our short name.
+_SHORT_NAMES = {
+    "loss_metrics/global_avg_loss": "loss",
+    "loss_metrics/global_max_loss": "max_loss",
+    "grad_norm": "grad_norm",
+    "lr": "lr",
+    "throughput(tps)": "tps",
+    "tflops": "tflops",
+    "mfu(%)": "mfu",
+    "n_tokens_seen": "tokens_seen",
+    "memory/max_reserved(GiB)": "memory_gib",
+    "validation_metrics/loss": "val_loss",
+}
+
+
+class JsonlLogger(BaseLogger):
+    def __init__(self, path: str):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        self._file = open(path, "a", buffering=1)  # line-buffered: readable while running
+
+    def write(self, step: int, metrics: dict[str, Any]) -> None:
+        record = {"step": step, "time": round(time.time(), 3)}
+        for key, value in metrics.items():
+            if isinstance(value, torch.Tensor):
+                value = value.item()
+            record[_SHORT_NAMES.get(key, key)] = value
+        self._file.write(json.dumps(record) + "\n")
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        self.write(step, metrics)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class GammaMetricsProcessor(MetricsProcessor):
+    """TorchTitan's processor; training and validation metrics of one step share a line."""
+
+    def __init__(self, job_config, parallel_dims, tag: str | None = None):
+        super().__init__(job_config, parallel_dims, tag)
+        self.jsonl: JsonlLogger | None = None
+        if torch.distributed.get_rank() == 0:
+            self.jsonl = JsonlLogger(os.path.join(job_config.job.dump_folder, METRICS_FILE))
+        self._pending: tuple[int, dict[str, Any]] | None = None
+        self._loggers = self.logger  # TensorBoard / W&B, as TorchTitan built them
+        self.logger = _Tee(self)
+
+    def _validation_due(self, step: int) -> bool:
+        v = self.job_config.validation
+        return v.enable and (step == 1 or step % v.freq == 0)
+
+    def _emit(self, step: int, metrics: dict[str, Any]) -> None:
+        if self._pending is not None and self._pending[0] != step:
+            self._flush()
+        if self._pending is None:
+            self._pending = (step, dict(metrics))
+        else:
+            self._pending[1].update(metrics)
+        is_validation = any(k.startswith("validation_metrics/") for k in metrics)
+        if is_validation or not self._validation_due(step):
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pending is not None and self.jsonl is not None:
+            self.jsonl.write(*self._pending)
+        self._pending = None
+
+    def close(self) -> None:
+        self._flush()
+        if self.jsonl is not None:
+            self.jsonl.close()
+        self._loggers.close()
+
+
+class _Tee(LoggerContainer):
+    """Sends each batch of metrics to TorchTitan's loggers and to metrics.jsonl."""
+
+    def __init__(self, processor: GammaMetricsProcessor):
+        super().__init__()
+        self._processor = processor
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        self._processor._loggers.log(metrics, step)
+        self._processor._emit(step, metrics)
+
+    def close(self) -> None:
+        pass  # the processor closes everything
+
+
+def build_metrics_processor(job_config, parallel_dims, model_args=None, tag=None) -> MetricsProcessor:
+    return GammaMetricsProcessor(job_config, parallel_dims, tag)

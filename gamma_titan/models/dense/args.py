@@ -1,0 +1,137 @@
+"""gamma_dense shapes: every flavor in one table, and the checks a shape must pass.
+
+The paper's dense models are the GPT-3 family widths (Brown et al. 2020, Table 2.1) with
+RMSNorm and SwiGLU in place of LayerNorm and the GELU MLP. The SwiGLU width is ≈ 8/3·d
+rounded up to a multiple of 256, which keeps the FFN's parameter count at the GPT-3
+MLP's 8·d². Vocabulary sizes are the model's embedding rows; the tokenizer in use must
+fit (checked before launch).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from torch import nn
+from torchtitan.protocols.model import BaseModelArgs
+
+from gamma_titan.errors import ConfigError
+from gamma_titan.init import GammaInit
+from gamma_titan.models.common import ATTENTION_GATES
+
+
+@dataclass
+class DenseModelArgs(BaseModelArgs):
+    dim: int = 768
+    n_layers: int = 12
+    n_heads: int = 12
+    n_kv_heads: int | None = None  # None: multi-head attention; fewer: grouped-query
+    ffn_hidden_dim: int = 2048
+    vocab_size: int = 50304
+    rope_theta: float = 10000.0
+    max_seq_len: int = 4096  # length of the rotary cache; raised to training.seq_len
+    # The paper's three knobs, set from [gamma] (gamma_titan.config.apply_to_model_args).
+    norm_eps: float = 1e-12
+    attention_gate: str = "elementwise"
+    init: GammaInit = field(default_factory=GammaInit)
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    def check(self) -> None:
+        """Raise ConfigError (naming the [model_args] key) for a shape that cannot work."""
+        for key in ("dim", "n_layers", "n_heads", "ffn_hidden_dim", "vocab_size", "max_seq_len"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"model_args.{key} = {value!r}: must be a positive integer")
+        if self.dim % self.n_heads:
+            raise ConfigError(
+                f"model_args.n_heads = {self.n_heads} does not divide model_args.dim = {self.dim}"
+            )
+        if self.head_dim % 2:
+            raise ConfigError(
+                f"model_args.dim / model_args.n_heads = {self.head_dim}: the head dim must be "
+                "even for rotary embeddings"
+            )
+        kv = self.kv_heads
+        if not isinstance(kv, int) or kv <= 0 or self.n_heads % kv:
+            raise ConfigError(
+                f"model_args.n_kv_heads = {self.n_kv_heads!r} must be a positive divisor of "
+                f"model_args.n_heads = {self.n_heads}"
+            )
+        if self.attention_gate not in ATTENTION_GATES:
+            raise ConfigError(
+                f"gamma.attention_gate = {self.attention_gate!r}: allowed {', '.join(ATTENTION_GATES)}"
+            )
+        if self.rope_theta <= 0:
+            raise ConfigError(f"model_args.rope_theta = {self.rope_theta!r}: must be > 0")
+
+    def update_from_config(self, job_config, **kwargs) -> None:
+        """Called by TorchTitan's Trainer: apply [model_args] and [gamma] to this flavor."""
+        from gamma_titan.config import apply_to_model_args
+
+        apply_to_model_args(self, job_config)
+
+    def matmul_params(self) -> int:
+        """Weights that take part in a matmul per token (everything but the embedding
+        lookup and the norm scales), computed from the shapes alone."""
+        d, hd, kv = self.dim, self.head_dim, self.kv_heads
+        attn = d * self.n_heads * hd * 2 + d * kv * hd * 2  # wq, wo, wk, wv
+        gate = {"none": 0, "headwise": d * self.n_heads, "elementwise": d * self.n_heads * hd}
+        ffn = 3 * d * self.ffn_hidden_dim
+        return self.n_layers * (attn + gate[self.attention_gate] + ffn) + d * self.vocab_size
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs per token: 6 per matmul weight (2 forward, 4 backward), plus the
+        attention scores and weighted values, 6·L·H·(2·head_dim)·seq_len, counted without
+        the causal discount as TorchTitan does so MFU figures compare."""
+        attention = 6 * self.n_layers * self.n_heads * 2 * self.head_dim * seq_len
+        return 6 * self.matmul_params() + attention
+
+    def get_nparams_and_flops(self, model: nn.Module, seq_len: int) -> tuple[int, int]:
+        return sum(p.numel() for p in model.parameters()), self.flops_per_token(seq_len)
+
+
+class Flavors(Mapping):
+    """Named flavors; each lookup hands out a fresh copy, since TorchTitan's Trainer
+    mutates the args it gets (update_from_config)."""
+
+    def __init__(self, table: dict[str, BaseModelArgs]):
+        self._table = table
+
+    def __getitem__(self, name: str) -> BaseModelArgs:
+        return copy.deepcopy(self._table[name])
+
+    def __iter__(self):
+        return iter(self._table)
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+
+dense_flavors = Flavors(
+    {
+        # Small enough to train at thousands of tokens/s on 2 CPU cores; GQA on so the
+        # grouped-KV path is exercised everywhere the debug model runs.
+        "debug": DenseModelArgs(
+            dim=256, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden_dim=704,
+            vocab_size=4096, max_seq_len=512,
+        ),
+        # The paper's sizes: GPT-3 Small / Medium / Large / XL.
+        "0.1B": DenseModelArgs(dim=768, n_layers=12, n_heads=12, ffn_hidden_dim=2048),
+        "0.3B": DenseModelArgs(dim=1024, n_layers=24, n_heads=16, ffn_hidden_dim=2816),
+        "0.7B": DenseModelArgs(dim=1536, n_layers=24, n_heads=16, ffn_hidden_dim=4096),
+        "1.5B": DenseModelArgs(dim=2048, n_layers=24, n_heads=16, ffn_hidden_dim=5632),
+        # Cluster size: Llama-2-7B widths with GQA 4:1 and a 128k vocabulary.
+        "7B": DenseModelArgs(
+            dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_hidden_dim=11008,
+            vocab_size=128256, rope_theta=500000.0, max_seq_len=8192,
+        ),
+    }
+)

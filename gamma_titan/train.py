@@ -1,0 +1,178 @@
+"""Training entry point: `torchrun ... -m gamma_titan.train --job.config_file CONFIG.toml`.
+
+TorchTitan's Trainer does the training; this module parses and checks the config first,
+so that bad input ends in one line before any process group starts or any file is
+written, and logs the `inspect` summary of the model at startup.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import gamma_titan  # noqa: F401  (CPU platform shims and TrainSpec registration first)
+from gamma_titan.config import load_job_config
+from gamma_titan.errors import ConfigError
+from gamma_titan.inspect_model import format_report, inspect_model, resolve_model
+
+#: Above this many parameters the startup summary skips the measured part (it draws
+#: every weight once more on the CPU); `gamma-titan inspect` always measures.
+STARTUP_MEASURE_MAX_PARAMS = 2_000_000_000
+
+
+def _world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def check_parallelism(config, world_size: int, args) -> None:
+    from gamma_titan.models.dense.parallelize import check_tp_shapes
+
+    p = config.parallelism
+    degrees = {
+        "parallelism.data_parallel_replicate_degree": p.data_parallel_replicate_degree,
+        "parallelism.tensor_parallel_degree": p.tensor_parallel_degree,
+        "parallelism.context_parallel_degree": p.context_parallel_degree,
+        "parallelism.pipeline_parallel_degree": p.pipeline_parallel_degree,
+        "parallelism.expert_parallel_degree": p.expert_parallel_degree,
+    }
+    for key, value in degrees.items():
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{key} = {value!r}: must be an integer >= 1")
+    if p.pipeline_parallel_degree > 1:
+        raise ConfigError(f"parallelism.pipeline_parallel_degree = {p.pipeline_parallel_degree}: "
+                          f"{config.model.name} supports 1 (no pipeline parallelism)")
+    if p.expert_parallel_degree > 1 and config.model.name == "gamma_dense":
+        raise ConfigError("parallelism.expert_parallel_degree applies to MoE models; gamma_dense needs 1")
+    non_dp = p.tensor_parallel_degree * p.context_parallel_degree * p.data_parallel_replicate_degree
+    shard = p.data_parallel_shard_degree
+    if shard == -1:
+        if world_size % non_dp:
+            raise ConfigError(
+                f"world size {world_size} is not divisible by tensor x context x replicate degrees = {non_dp}"
+            )
+    elif not isinstance(shard, int) or shard < 1 or shard * non_dp != world_size:
+        raise ConfigError(
+            f"parallelism.data_parallel_shard_degree = {shard!r}: the degrees multiply to "
+            f"{shard * non_dp if isinstance(shard, int) else '?'} but the world size is {world_size} "
+            "(use -1 to infer)"
+        )
+    check_tp_shapes(args, p.tensor_parallel_degree)
+    divisor = p.tensor_parallel_degree * (2 * p.context_parallel_degree if p.context_parallel_degree > 1 else 1)
+    if config.training.seq_len % divisor:
+        raise ConfigError(f"training.seq_len = {config.training.seq_len} must be divisible by {divisor} "
+                          "(tensor parallel degree x 2 x context parallel degree)")
+
+
+def check_training(config) -> None:
+    t = config.training
+    for key in ("steps", "local_batch_size", "seq_len"):
+        value = getattr(t, key)
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"training.{key} = {value!r}: must be a positive integer")
+    if "float8" in config.model.converters:
+        import torch
+
+        compiled = config.compile.enable and "model" in config.compile.components
+        if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
+            if not config.quantize.linear.float8.emulate:
+                raise ConfigError("quantize.linear.float8.emulate must be true without an SM89+ GPU "
+                                  "(float8 runs emulated on this machine)")
+            if compiled:
+                raise ConfigError("compile.enable must be false with emulated float8 "
+                                  "(quantize.linear.float8.emulate)")
+
+
+def check_data(config, args) -> None:
+    """Dataset names and paths, and a tokenizer whose vocabulary fits the model."""
+    from gamma_titan.data.datasets import check_dataset
+    from gamma_titan.data.tokenizer import resolve_tokenizer_path, tokenizer_vocab_size
+
+    check_dataset(config.training.dataset, config.training.dataset_path, "training.dataset")
+    if config.validation.enable:
+        check_dataset(config.validation.dataset, config.validation.dataset_path, "validation.dataset")
+    path = resolve_tokenizer_path(config.model.hf_assets_path)
+    vocab = tokenizer_vocab_size(path)
+    if vocab > args.vocab_size:
+        raise ConfigError(
+            f"model.hf_assets_path: the tokenizer at {path} has {vocab} tokens but "
+            f"model_args.vocab_size = {args.vocab_size}; use vocab_size >= {vocab}"
+        )
+
+
+def preflight(config, world_size: int | None = None):
+    """Every check that can run before training starts; returns (spec, model args)."""
+    spec, args = resolve_model(config)
+    check_training(config)
+    check_parallelism(config, _world_size() if world_size is None else world_size, args)
+    check_data(config, args)
+    return spec, args
+
+
+def startup_summary(spec, args, config) -> str:
+    import torch
+
+    with torch.device("meta"):
+        n_params = sum(p.numel() for p in spec.model_cls(args).parameters())
+    measure = n_params <= STARTUP_MEASURE_MAX_PARAMS
+    report = inspect_model(spec, args, config.training.seq_len, measure=measure)
+    text = format_report(report)
+    if not measure:
+        text += "\n(measured std, σ²(h) and residual flow skipped at this size: run `gamma-titan inspect`)"
+    return text
+
+
+def single_process_env() -> None:
+    """`python -m gamma_titan.train` without torchrun: act as a world of one."""
+    if "LOCAL_RANK" in os.environ:
+        return
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+
+
+def run(config) -> None:
+    """TorchTitan's `torchtitan.train.main`, with an already parsed and checked config."""
+    import torch
+    from torchtitan.tools.logging import logger
+    from torchtitan.train import Trainer
+
+    trainer = None
+    try:
+        trainer = Trainer(config)
+        if config.checkpoint.create_seed_checkpoint:
+            if _world_size() != 1:
+                raise ConfigError("checkpoint.create_seed_checkpoint needs a single process")
+            trainer.checkpointer.save(curr_step=0, last_step=True)
+            logger.info("Created seed checkpoint")
+        else:
+            trainer.train()
+    finally:
+        if trainer is not None:
+            trainer.close()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> None:
+    from torchtitan.tools.logging import init_logger, logger
+
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        config = load_job_config(argv)
+        spec, args = preflight(config)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    single_process_env()
+    init_logger()
+    if int(os.environ.get("RANK", "0")) == 0:
+        logger.info("gamma-titan model at init:\n" + startup_summary(spec, args, config))
+    run(config)
+
+
+if __name__ == "__main__":
+    main()

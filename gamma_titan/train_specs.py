@@ -1,0 +1,45 @@
+"""The TrainSpecs gamma_titan registers with TorchTitan (`[model] name = ...`)."""
+
+from torchtitan.components.loss import build_cross_entropy_loss
+from torchtitan.components.lr_scheduler import build_lr_schedulers
+from torchtitan.components.optimizer import build_optimizers
+from torchtitan.components.tokenizer import HuggingFaceTokenizer
+from torchtitan.components.validate import build_validator
+from gamma_titan.data.loader import build_dataloader
+from torchtitan.protocols.train_spec import TrainSpec, register_train_spec
+from torchtitan.protocols import train_spec as _train_spec_module
+
+from gamma_titan.metrics import build_metrics_processor
+from gamma_titan.models.dense import GammaDense, dense_flavors
+from gamma_titan.models.dense.parallelize import parallelize_dense
+
+
+def build_tokenizer(job_config) -> HuggingFaceTokenizer:
+    """TorchTitan's HF tokenizer; `hf_assets_path = "builtin"` means the project's own."""
+    from gamma_titan.data.tokenizer import resolve_tokenizer_path
+
+    return HuggingFaceTokenizer(str(resolve_tokenizer_path(job_config.model.hf_assets_path)))
+
+
+TRAIN_SPECS = {
+    "gamma_dense": TrainSpec(
+        model_cls=GammaDense,
+        model_args=dense_flavors,
+        parallelize_fn=parallelize_dense,
+        pipelining_fn=None,
+        build_optimizers_fn=build_optimizers,
+        build_lr_schedulers_fn=build_lr_schedulers,
+        build_dataloader_fn=build_dataloader,
+        build_tokenizer_fn=build_tokenizer,
+        build_loss_fn=build_cross_entropy_loss,
+        build_validator_fn=build_validator,
+        build_metrics_processor_fn=build_metrics_processor,
+    ),
+}
+
+
+def register() -> None:
+    """Idempotent: register every TrainSpec above."""
+    for name, spec in TRAIN_SPECS.items():
+        if name not in _train_spec_module._extra_train_specs:
+            register_train_spec(name, spec)
