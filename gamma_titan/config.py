@@ -12,10 +12,15 @@ key and value it can without starting anything, so bad input ends in one `Config
 line that names the key.
 """
 
+import contextlib
 import dataclasses
+import io
+import logging
 import math
 import os
+import sys
 import typing
+import warnings
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Literal
 
@@ -236,14 +241,57 @@ def load_job_config(argv: list[str]):
     merged = ConfigManager._merge_configs(TitanJobConfig, JobConfig)
     path = _config_file(argv)
     if path is not None:
-        _check_keys(merged, _read_toml(path), "")
+        toml = _read_toml(path)
+        _check_keys(merged, toml, "")
+        if "gamma" in toml:  # check values before tyro sees (and warns about) them
+            raw = dict(toml["gamma"])
+            overrides = InitRateOverrides(**raw.pop("init_rate_overrides", {}))
+            check_gamma(Gamma(**raw, init_rate_overrides=overrides))
     argv = _normalise_cli(merged, argv)
-    try:
-        config = ConfigManager().parse_args(argv)
-    except ValueError as e:  # TorchTitan's own checks
-        raise ConfigError(str(e).splitlines()[0]) from None
+    config = _parse_quietly(argv)
     check_gamma(config.gamma)
     return config
+
+
+def _parse_quietly(argv: list[str]):
+    """TorchTitan's ConfigManager, with tyro's multi-line error boxes turned into one
+    ConfigError line and its warnings (and TorchTitan's note that hf_assets_path
+    "builtin" is not a folder) kept off stderr."""
+    from torchtitan.config import ConfigManager
+
+    root = logging.getLogger()
+    level = root.level
+    captured = io.StringIO()
+    root.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stderr(captured):
+            warnings.simplefilter("ignore")
+            return ConfigManager().parse_args(argv)
+    except SystemExit as e:
+        if not e.code:  # --help
+            sys.stderr.write(captured.getvalue())
+            raise
+        raise ConfigError(_first_box_text(captured.getvalue())) from None
+    except ValueError as e:  # TorchTitan's own checks
+        raise ConfigError(str(e).splitlines()[0]) from None
+    finally:
+        root.setLevel(level)
+
+
+def _first_box_text(text: str) -> str:
+    """'╭─ Value error ─╮ │ Error parsing --x: ... │ ├──' -> 'Value error: Error parsing --x: ...'."""
+    title, body = "", []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("╭"):
+            title = line.strip("╭─╮ ")
+        elif line.startswith("│"):
+            content = line.strip("│ ")
+            if content.startswith("──"):
+                break
+            body.append(content)
+    message = " ".join(body) or text.strip().replace("\n", " ")
+    return f"{title}: {message}" if title else message
 
 
 def as_dict(config) -> dict:

@@ -14,7 +14,7 @@ import torch
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.hf_datasets.text_datasets import build_text_dataloader
 
-from gamma_titan.data.builtin_corpus import ensure_builtin_corpus, read_texts
+from gamma_titan.data.builtin_corpus import builtin_texts
 from gamma_titan.data.packed import PackedSequences
 
 PACKED_DATASETS = ("builtin",)
@@ -23,7 +23,7 @@ PACKED_DATASETS = ("builtin",)
 def builtin_tokens(tokenizer, split: str = "train") -> torch.Tensor:
     """The built-in corpus split as one stream: BOS, document, EOS, BOS, ..."""
     ids: list[int] = []
-    for text in read_texts(ensure_builtin_corpus() / f"{split}.jsonl"):
+    for text in builtin_texts(split):
         ids.extend(tokenizer.encode(text, add_bos=True, add_eos=True))
     return torch.tensor(ids, dtype=torch.int32)
 

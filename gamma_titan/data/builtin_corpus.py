@@ -1,0 +1,249 @@
+"""A default English corpus that every Python installation already has: CPython's own docs.
+
+Nothing is downloaded and no text is stored in this repository. The corpus is generated from
+  * the `help()` topic texts (`pydoc_data.topics.topics`), one document per topic, and
+  * the docstrings of the standard library, one document per module: the module docstring
+    followed by the docstrings of its classes, methods and functions, each under a header
+    line with its qualified name.
+Standard-library sources are read with `ast` and never imported, so building the corpus runs
+no library code and has no side effects.
+
+The output is deterministic for a given Python installation: documents are sorted by title,
+and the held-out validation split is chosen by a stable hash of the title (not by position),
+so adding or removing one module never moves other documents between splits.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import logging
+import random
+import pkgutil
+import platform
+import re
+import sys
+import sysconfig
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from gamma_titan.data.cache import build_once, cache_dir
+
+logger = logging.getLogger(__name__)
+
+# Bump when the generated text changes, so readers of meta.json can tell builds apart.
+FORMAT_VERSION = 2
+
+# Documents shorter than this (after whitespace normalisation) are mostly boilerplate.
+MIN_DOC_CHARS = 200
+
+# About 10% of documents (by title hash) are held out for validation: enough tokens for a
+# validation loss that is not noise, and for every data-parallel rank to get samples.
+VALIDATION_MODULUS = 10
+
+# Package or module names whose subtree is skipped: test suites, GUI tooling, demo code and
+# deprecated converters are not representative prose, and site-packages is not the stdlib.
+SKIPPED_NAMES = frozenset(
+    {"test", "tests", "idlelib", "tkinter", "turtledemo", "lib2to3", "site-packages"}
+)
+
+TRAIN_FILE = "train.jsonl"
+VALIDATION_FILE = "validation.jsonl"
+META_FILE = "meta.json"
+
+
+@dataclass(frozen=True)
+class Document:
+    title: str  # unique; also the first line of `text`
+    text: str
+
+
+def corpus_name() -> str:
+    """Names the cached corpus and everything derived from it (tokenizer): a new Python
+    or a new corpus format gives a new name, so a stale cache is never read."""
+    return f"pydocs-{python_tag()}-v{FORMAT_VERSION}"
+
+
+def python_tag() -> str:
+    """`<major>.<minor>` of the running interpreter, e.g. "3.11"."""
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def is_validation(title: str) -> bool:
+    """Stable split assignment: depends only on the title, not on order or other documents."""
+    return zlib.crc32(title.encode("utf-8")) % VALIDATION_MODULUS == 0
+
+
+def normalise_whitespace(text: str) -> str:
+    """Expand tabs, drop trailing spaces, collapse runs of blank lines, strip the ends.
+
+    Indentation inside lines is kept on purpose: docstrings contain code examples.
+    """
+    lines = [line.rstrip() for line in text.expandtabs(4).splitlines()]
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
+
+
+# --------------------------------------------------------------------------- help() topics
+
+
+def _topic_documents() -> Iterator[Document]:
+    # pydoc_data.topics is a pure data module (one dict of strings); importing it is safe.
+    from pydoc_data.topics import topics
+
+    for name, body in topics.items():
+        title = f"topic: {name}"
+        yield Document(title, normalise_whitespace(f"{title}\n\n{body}"))
+
+
+# --------------------------------------------------------------------------- stdlib docstrings
+
+
+def _stdlib_sources(root: Path) -> Iterator[tuple[str, Path]]:
+    """Yield (qualified module name, source file) for the stdlib under `root`, unimported.
+
+    `pkgutil.iter_modules` lists one folder's modules without importing anything; we recurse
+    into packages ourselves (unlike `walk_packages`, which imports them).
+    """
+
+    def walk(folder: Path, prefix: str) -> Iterator[tuple[str, Path]]:
+        for info in pkgutil.iter_modules([str(folder)]):
+            if info.name in SKIPPED_NAMES:
+                continue
+            qualname = prefix + info.name
+            if info.ispkg:
+                source = folder / info.name / "__init__.py"
+                if source.is_file():
+                    yield qualname, source
+                yield from walk(folder / info.name, qualname + ".")
+            else:
+                source = folder / f"{info.name}.py"
+                if source.is_file():  # skips compiled extension modules
+                    yield qualname, source
+
+    yield from walk(root, "")
+
+
+def _docstring_sections(tree: ast.Module, module_name: str) -> Iterator[tuple[str, str]]:
+    """Yield (qualified name, docstring) for the module and its classes/functions.
+
+    Functions nested inside functions are skipped: they are implementation details.
+    """
+    doc = ast.get_docstring(tree)
+    if doc:
+        yield module_name, doc
+
+    def visit(body: list[ast.stmt], prefix: str) -> Iterator[tuple[str, str]]:
+        for node in body:
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                qualname = f"{prefix}.{node.name}"
+                doc = ast.get_docstring(node)
+                if doc:
+                    yield qualname, doc
+                if isinstance(node, ast.ClassDef):
+                    yield from visit(node.body, qualname)
+
+    yield from visit(tree.body, module_name)
+
+
+def _module_documents(root: Path) -> Iterator[Document]:
+    for module_name, source in _stdlib_sources(root):
+        try:
+            # Bytes, so ast honours the file's encoding declaration.
+            tree = ast.parse(source.read_bytes(), filename=str(source))
+        except (SyntaxError, ValueError, OSError) as err:
+            logger.debug("skipping %s: %s", source, err)
+            continue
+        sections = [f"{name}\n{doc}" for name, doc in _docstring_sections(tree, module_name)]
+        if not sections:
+            continue
+        # The module's own name heads the document even if it has no module docstring.
+        if not sections[0].startswith(f"{module_name}\n"):
+            sections.insert(0, module_name)
+        yield Document(module_name, normalise_whitespace("\n\n".join(sections)))
+
+
+# --------------------------------------------------------------------------- corpus
+
+
+def collect_documents(stdlib_root: str | Path | None = None) -> list[Document]:
+    """All corpus documents, long enough to keep, sorted by title."""
+    root = Path(stdlib_root or sysconfig.get_paths()["stdlib"])
+    docs = [
+        doc
+        for doc in (*_topic_documents(), *_module_documents(root))
+        if len(doc.text) >= MIN_DOC_CHARS
+    ]
+    docs.sort(key=lambda doc: doc.title)
+    titles = [doc.title for doc in docs]
+    assert len(set(titles)) == len(titles), "corpus titles must be unique"
+    return docs
+
+
+def _write_jsonl(path: Path, docs: list[Document]) -> None:
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        for doc in docs:
+            f.write(json.dumps({"text": doc.text}, ensure_ascii=False) + "\n")
+
+
+def build_builtin_corpus(out_dir: str | Path) -> dict:
+    """Write train.jsonl, validation.jsonl and meta.json into `out_dir`; return the meta."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    docs = collect_documents()
+    splits = {
+        "train": [d for d in docs if not is_validation(d.title)],
+        "validation": [d for d in docs if is_validation(d.title)],
+    }
+    _write_jsonl(out_dir / TRAIN_FILE, splits["train"])
+    _write_jsonl(out_dir / VALIDATION_FILE, splits["validation"])
+    meta = {
+        "name": corpus_name(),
+        "format_version": FORMAT_VERSION,
+        "python": platform.python_version(),  # stdlib docs change between patch releases
+        "splits": {
+            name: {"documents": len(split), "characters": sum(len(d.text) for d in split)}
+            for name, split in splits.items()
+        },
+    }
+    (out_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    return meta
+
+
+def ensure_builtin_corpus(force: bool = False) -> Path:
+    """Build the corpus once into the cache (safe across processes); return its folder.
+
+    `force=True` rebuilds it even if cached.
+    """
+
+    def build(tmp: Path) -> None:
+        meta = build_builtin_corpus(tmp)
+        train, val = meta["splits"]["train"], meta["splits"]["validation"]
+        logger.info(
+            "built corpus %s: train %d docs / %.1f M chars, validation %d docs / %.2f M chars",
+            meta["name"], train["documents"], train["characters"] / 1e6,
+            val["documents"], val["characters"] / 1e6,
+        )
+
+    return build_once(cache_dir() / "corpus" / corpus_name(), build, force)
+
+
+#: The corpus file is sorted by title (readable, stable); training reads it in a fixed
+#: shuffled order so that related modules (email.*, asyncio.*) are not seen back to back.
+SHUFFLE_SEED = 0
+
+
+def builtin_texts(split: str) -> list[str]:
+    """The documents of a split ("train" or "validation"); train in its fixed shuffled order."""
+    texts = list(read_texts(ensure_builtin_corpus() / f"{split}.jsonl"))
+    if split == "train":
+        random.Random(SHUFFLE_SEED).shuffle(texts)
+    return texts
+
+
+def read_texts(jsonl_path: str | Path) -> Iterator[str]:
+    """Yield the "text" field of each line of a corpus jsonl file."""
+    with open(jsonl_path, encoding="utf-8") as f:
+        for line in f:
+            yield json.loads(line)["text"]

@@ -1,0 +1,126 @@
+"""Where generated assets (corpus, tokenizer) live, and how to build them safely once.
+
+Every torchrun rank calls the same `ensure_*` function at start-up. Instead of electing a
+builder rank (which needs a process group), ranks race on a file lock: the first one builds,
+the others wait and then find the finished asset. Assets are built in a temporary sibling
+folder and renamed into place, so a crash never leaves a half-built asset that looks complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterator
+
+logger = logging.getLogger(__name__)
+
+CACHE_ENV = "GAMMA_TITAN_CACHE"
+
+# Temporary build folders are named ".<final name>.tmp-<random>" next to the final folder.
+_TMP_MARKER = ".tmp-"
+
+
+def cache_dir() -> Path:
+    """Root of our cache: `$GAMMA_TITAN_CACHE` if set, else `~/.cache/gamma-titan`."""
+    override = os.environ.get(CACHE_ENV)
+    root = Path(override) if override else Path.home() / ".cache" / "gamma-titan"
+    return root.expanduser()
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive `flock` on `path` (created if missing) for the `with` body.
+
+    The lock file itself is never deleted: deleting it would let a late process lock a new
+    inode while another still holds the old one. flock is released by the kernel if the
+    holder dies, so a killed rank cannot leave the cache locked forever.
+    Note: flock is per host; on a shared network filesystem it may not exclude other nodes.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            # Someone else is building; say so, since the wait can take a while.
+            logger.info("waiting for lock %s (another process is building)", path)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        # Closing the descriptor releases the lock.
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_dir(final_path: str | os.PathLike, replace: bool = False) -> Iterator[Path]:
+    """Yield an empty temporary folder; on success rename it to `final_path`.
+
+    The temporary folder is a sibling of `final_path` so the rename stays on one filesystem
+    (and is therefore atomic). On error the temporary folder is removed. If `final_path`
+    already exists when we finish, `replace=True` swaps ours in; otherwise theirs wins and
+    ours is discarded (both are builds of the same asset).
+    """
+    final_path = Path(final_path)
+    final_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final_path.name}{_TMP_MARKER}", dir=final_path.parent))
+    try:
+        # mkdtemp makes the folder private (0700); the finished asset should be readable
+        # like any other cache entry.
+        tmp.chmod(0o755)
+        yield tmp
+        _publish(tmp, final_path, replace)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _publish(tmp: Path, final_path: Path, replace: bool) -> None:
+    """Rename the finished `tmp` folder to `final_path` (see `atomic_dir`)."""
+    if replace and final_path.is_dir():
+        # A folder cannot be renamed over a non-empty one: move the old one aside first.
+        # Its holding folder carries the temp prefix, so a crash here leaves only a stale
+        # build that the next `build_once` removes.
+        old = Path(tempfile.mkdtemp(prefix=f"{tmp.name}-old-", dir=final_path.parent))
+        os.rename(final_path, old / final_path.name)
+        os.rename(tmp, final_path)
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    try:
+        os.rename(tmp, final_path)
+    except OSError:
+        if not final_path.is_dir():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # someone else's build got there first
+
+
+def build_once(
+    final_path: str | os.PathLike, build: Callable[[Path], None], force: bool = False
+) -> Path:
+    """Return `final_path`, first running `build(tmp_dir)` if it does not exist yet.
+
+    Safe to call from many processes at once: only one of them runs `build`.
+    `force=True` rebuilds and replaces an existing asset.
+    """
+    final_path = Path(final_path)
+    if final_path.is_dir() and not force:  # fast path: a finished asset never changes
+        return final_path
+    with file_lock(final_path.parent / f"{final_path.name}.lock"):
+        if final_path.is_dir() and not force:  # built by whoever held the lock before us
+            return final_path
+        _remove_stale_builds(final_path)
+        with atomic_dir(final_path, replace=force) as tmp:
+            build(tmp)
+    return final_path
+
+
+def _remove_stale_builds(final_path: Path) -> None:
+    """Delete temporary folders left by builders that were killed (we hold the lock)."""
+    prefix = f".{final_path.name}{_TMP_MARKER}"
+    for leftover in final_path.parent.glob(prefix + "*"):
+        shutil.rmtree(leftover, ignore_errors=True)

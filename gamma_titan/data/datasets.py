@@ -1,0 +1,303 @@
+"""Our datasets, registered in TorchTitan's own dataset registry.
+
+TorchTitan's `build_text_dataloader`, `build_text_validation_dataloader` and validator look
+datasets up by name in `torchtitan.hf_datasets.text_datasets.DATASETS`. Adding entries there
+(rather than writing our own dataloader) keeps TorchTitan's tokenise-and-pack loop,
+checkpointable state and per-rank sharding unchanged. Each entry is a `DatasetConfig`:
+`loader(path)` returns a `datasets.Dataset` (map-style, resumed by sample index) or
+`IterableDataset` (streaming), and `sample_processor(sample)` returns the sample's text.
+TorchTitan passes `training.dataset_path` (or `validation.dataset_path`) to the loader, or
+`DatasetConfig.path` when that is unset, and lower-cases the dataset name.
+
+Names:
+  builtin             train split of the built-in corpus (see builtin_corpus.py)
+  builtin_validation  its held-out validation split
+  hf                  your data; `dataset_path` is one of
+                        * a local .jsonl / .json / .parquet / .txt file,
+                        * a local folder of such files (searched recursively, one kind only),
+                        * a local folder written by `Dataset.save_to_disk`
+                          (`folder:split` picks a split of a saved DatasetDict),
+                        * a hub dataset id `owner/name`, `owner/name/config`, each optionally
+                          followed by `:split` (default split "train"); streamed.
+                      Records must have a "text" field; other fields are dropped. A .txt
+                      file gives one record per blank-line-separated paragraph.
+
+Local data never touches the network, with or without HF_DATASETS_OFFLINE=1: files are read
+with the packaged json/parquet/text builders (never a hub lookup) or `load_from_disk`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+from torchtitan.hf_datasets import DatasetConfig
+from torchtitan.hf_datasets.text_datasets import DATASETS
+
+from gamma_titan.data.builtin_corpus import builtin_texts
+from gamma_titan.data.cache import cache_dir
+from gamma_titan.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+BUILTIN = "builtin"
+BUILTIN_VALIDATION = "builtin_validation"
+HF = "hf"
+
+TEXT_FIELD = "text"
+
+# DatasetConfig.path of the builtin entries: the real folder is only known (and built) when
+# the loader runs, so the registry holds a placeholder, which also shows in TorchTitan's log.
+BUILTIN_PATH = "<gamma-titan builtin corpus>"
+
+# File suffix -> packaged `datasets` builder that reads it.
+FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
+
+_HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:/(?P<config>[\w.-]+))?")
+_SPLIT = re.compile(r"[A-Za-z0-9][\w.-]*")
+
+_SOURCE_HELP = (
+    "use a local .jsonl/.json/.parquet/.txt file or folder, a save_to_disk folder, "
+    "or a hub id owner/name[/config][:split]"
+)
+
+
+# --------------------------------------------------------------------------- sample processing
+
+
+def _text_of(sample: dict[str, Any]) -> str:
+    try:
+        return sample[TEXT_FIELD]
+    except KeyError:
+        # Only reachable for streamed hub data whose columns were unknown up front.
+        raise ConfigError(
+            f"dataset record has no '{TEXT_FIELD}' field (fields: {sorted(sample)}); "
+            f"the 'hf' dataset reads the '{TEXT_FIELD}' field"
+        ) from None
+
+
+# --------------------------------------------------------------------------- builtin corpus
+
+
+def _load_builtin(path: str, *, split: str) -> Dataset:
+    if path != BUILTIN_PATH:
+        raise ConfigError(
+            f"dataset_path: must be unset for the builtin datasets (got '{path}'); "
+            'use dataset = "hf" to read your own data'
+        )
+    texts = builtin_texts(split)
+    logger.info("builtin corpus %s split: %d documents", split, len(texts))
+    # In memory (a few MB): no arrow cache files, nothing shared between ranks.
+    return Dataset.from_dict({TEXT_FIELD: texts})
+
+
+# --------------------------------------------------------------------------- "hf" sources
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where an "hf" dataset_path points, decided without loading anything."""
+
+    kind: str  # "files" | "saved" | "hub"
+    location: str  # local path, or hub repo id "owner/name"
+    builder: str | None = None  # packaged builder for kind "files"
+    files: tuple[str, ...] = ()  # data files for kind "files"
+    config: str | None = None  # hub config name
+    split: str | None = None  # hub split / saved DatasetDict split
+
+
+def parse_source(value: str | None, key: str = "dataset_path") -> Source:
+    """Classify an "hf" dataset_path; raise a one-line ConfigError naming `key` if unusable."""
+    value = (value or "").strip()
+    if not value:
+        raise ConfigError(f"{key}: the 'hf' dataset needs a path; {_SOURCE_HELP}")
+
+    base, split = value, None
+    if ":" in value and not Path(value).expanduser().exists():
+        head, tail = value.rsplit(":", 1)
+        if _SPLIT.fullmatch(tail):
+            base, split = head, tail
+
+    local = Path(base).expanduser()
+    if local.exists():
+        return _local_source(local, split, value, key)
+    if _looks_local(base):
+        raise ConfigError(f"{key}: '{value}' does not exist; {_SOURCE_HELP}")
+    match = _HUB_ID.fullmatch(base)
+    if not match:
+        raise ConfigError(
+            f"{key}: '{value}' is neither an existing local path nor a hub dataset id; "
+            + _SOURCE_HELP
+        )
+    return Source("hub", match["repo"], config=match["config"], split=split or "train")
+
+
+def _looks_local(value: str) -> bool:
+    """Strings that can only mean a local path (so a missing one is an error, not a hub id)."""
+    if value.startswith(("/", "./", "../", "~")) or Path(value).suffix in FILE_BUILDERS:
+        return True
+    first = value.split("/", 1)[0]
+    return "/" in value and Path(first).is_dir()  # e.g. "data/foo" when ./data exists
+
+
+def _is_saved_dataset(folder: Path) -> bool:
+    """Folders written by `Dataset.save_to_disk` / `DatasetDict.save_to_disk`."""
+    return (folder / "state.json").is_file() or (folder / "dataset_dict.json").is_file()
+
+
+def _local_source(local: Path, split: str | None, value: str, key: str) -> Source:
+    if local.is_dir() and _is_saved_dataset(local):
+        return Source("saved", str(local), split=split)
+    if split is not None:
+        raise ConfigError(
+            f"{key}: '{value}': ':{split}' only applies to hub ids and save_to_disk folders; "
+            "point at the file or folder of that split instead"
+        )
+    if local.is_file():
+        builder = FILE_BUILDERS.get(local.suffix.lower())
+        if builder is None:
+            raise ConfigError(
+                f"{key}: '{value}' has an unsupported file type; "
+                f"allowed: {', '.join(FILE_BUILDERS)}"
+            )
+        return Source("files", str(local), builder, (str(local),))
+
+    files = sorted(
+        p
+        for p in local.rglob("*")
+        if p.is_file()
+        and p.suffix.lower() in FILE_BUILDERS
+        and not any(part.startswith(".") for part in p.relative_to(local).parts)
+    )
+    builders = {FILE_BUILDERS[p.suffix.lower()] for p in files}
+    if not files:
+        raise ConfigError(
+            f"{key}: folder '{value}' has no {'/'.join(FILE_BUILDERS)} files "
+            "and is not a save_to_disk folder"
+        )
+    if len(builders) > 1:
+        raise ConfigError(
+            f"{key}: folder '{value}' mixes file types ({', '.join(sorted(builders))}); "
+            "put one kind of file in a folder"
+        )
+    return Source("files", str(local), builders.pop(), tuple(str(p) for p in files))
+
+
+def _arrow_cache_dir() -> str | None:
+    """Where `datasets` converts local files to arrow: our cache, unless the user chose one."""
+    if os.environ.get("HF_DATASETS_CACHE"):
+        return None
+    return str(cache_dir() / "hf-datasets")
+
+
+def load_source(source: Source, value: str) -> Any:
+    """Open a parsed source as a `datasets.Dataset` (local) or `IterableDataset` (hub)."""
+    if source.kind == "files":
+        # One record per paragraph for plain text: one per line would split sentences of
+        # wrapped prose, one per file could be gigabytes.
+        options = {"sample_by": "paragraph"} if source.builder == "text" else {}
+        ds = load_dataset(
+            source.builder,
+            data_files=list(source.files),
+            split="train",  # packaged builders put all data_files in "train"
+            cache_dir=_arrow_cache_dir(),
+            **options,
+        )
+    elif source.kind == "saved":
+        ds = load_from_disk(source.location)
+        if isinstance(ds, DatasetDict):
+            split = source.split or "train"
+            if split not in ds:
+                raise ConfigError(
+                    f"dataset_path '{value}': no split '{split}'; "
+                    f"available: {', '.join(ds)} (write it as '<folder>:<split>')"
+                )
+            ds = ds[split]
+    else:
+        # Streaming: nothing is downloaded up front, and TorchTitan checkpoints the stream.
+        ds = load_dataset(source.location, name=source.config, split=source.split, streaming=True)
+    return _keep_text_column(ds, value)
+
+
+def _keep_text_column(ds: Any, value: str) -> Any:
+    columns = ds.column_names  # None for a stream whose features are not declared
+    if columns is None:
+        return ds
+    if TEXT_FIELD not in columns:
+        raise ConfigError(
+            f"dataset_path '{value}': no '{TEXT_FIELD}' column (columns: {', '.join(columns)}); "
+            f"the 'hf' dataset reads the '{TEXT_FIELD}' column"
+        )
+    return ds.select_columns([TEXT_FIELD]) if len(columns) > 1 else ds
+
+
+def _load_hf(path: str) -> Any:
+    return load_source(parse_source(path), path)
+
+
+# --------------------------------------------------------------------------- registry
+
+_OUR_DATASETS = {
+    BUILTIN: DatasetConfig(
+        path=BUILTIN_PATH,
+        loader=partial(_load_builtin, split="train"),
+        sample_processor=_text_of,
+    ),
+    BUILTIN_VALIDATION: DatasetConfig(
+        path=BUILTIN_PATH,
+        loader=partial(_load_builtin, split="validation"),
+        sample_processor=_text_of,
+    ),
+    # Empty default path: the loader then reports that dataset_path is required.
+    HF: DatasetConfig(path="", loader=_load_hf, sample_processor=_text_of),
+}
+
+
+def register_datasets() -> None:
+    """Add our entries to TorchTitan's registry (idempotent; needed in every process)."""
+    DATASETS.update(_OUR_DATASETS)
+
+
+def check_dataset(name: str, path: str | None, key: str) -> None:
+    """Validate a dataset choice before training starts; raise a one-line ConfigError.
+
+    `key` is the config section, "training" or "validation" (a full key such as
+    "training.dataset_path" is accepted too); messages name `<key>.dataset` or
+    `<key>.dataset_path`.
+    """
+    register_datasets()
+    section = key.removesuffix(".dataset_path").removesuffix(".dataset")
+    name_key, path_key = f"{section}.dataset", f"{section}.dataset_path"
+    lowered = (name or "").lower()  # TorchTitan lower-cases the name too
+
+    if lowered not in DATASETS:
+        raise ConfigError(
+            f"{name_key}: unknown dataset '{name}'; allowed: {', '.join(sorted(DATASETS))}"
+        )
+    if lowered in (BUILTIN, BUILTIN_VALIDATION):
+        if path:
+            raise ConfigError(
+                f"{path_key}: must be unset for dataset '{lowered}' (got '{path}'); "
+                'use dataset = "hf" to read your own data'
+            )
+        return
+    if lowered == HF:
+        parse_source(path, path_key)
+        return
+
+    # TorchTitan's own entries (c4, c4_test, ...): their loaders take a local path or a
+    # hub repo id; catch a local path that is missing (c4_test's default is relative).
+    effective = path or DATASETS[lowered].path
+    if Path(effective).expanduser().exists():
+        return
+    if _looks_local(effective) or not re.fullmatch(r"[\w.-]+/[\w.-]+", effective):
+        raise ConfigError(
+            f"{path_key}: dataset '{lowered}' reads '{effective}', which does not exist; "
+            f'set {path_key} or use dataset = "builtin"'
+        )

@@ -1,0 +1,134 @@
+"""The cache folder, the cross-process lock and atomic builds."""
+
+import multiprocessing
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from gamma_titan.data import cache
+from gamma_titan.data.cache import atomic_dir, build_once, cache_dir, file_lock
+
+
+def test_cache_dir_follows_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("GAMMA_TITAN_CACHE", str(tmp_path))
+    assert cache_dir() == tmp_path
+    monkeypatch.delenv("GAMMA_TITAN_CACHE")
+    assert cache_dir() == Path.home() / ".cache" / "gamma-titan"
+
+
+def test_atomic_dir_publishes_only_on_success(tmp_path):
+    final = tmp_path / "asset"
+    with pytest.raises(RuntimeError):
+        with atomic_dir(final) as tmp:
+            (tmp / "half.txt").write_text("x")
+            raise RuntimeError("build failed")
+    assert not final.exists()
+    assert list(tmp_path.iterdir()) == []  # the temporary folder is gone too
+
+    with atomic_dir(final) as tmp:
+        assert not final.exists()  # nothing visible while building
+        (tmp / "done.txt").write_text("x")
+    assert (final / "done.txt").read_text() == "x"
+
+
+def test_atomic_dir_keeps_existing_result(tmp_path):
+    final = tmp_path / "asset"
+    with atomic_dir(final) as tmp:
+        (tmp / "first").touch()
+        # Someone else publishes while we build: theirs is kept, ours discarded.
+        final.mkdir()
+        (final / "other").touch()
+    assert sorted(p.name for p in final.iterdir()) == ["other"]
+    assert [p.name for p in tmp_path.iterdir()] == ["asset"]
+
+
+def test_build_once_removes_stale_builds(tmp_path):
+    stale = tmp_path / f".asset{cache._TMP_MARKER}dead"
+    stale.mkdir()
+    calls = []
+    path = build_once(tmp_path / "asset", lambda tmp: calls.append((tmp / "f").touch()))
+    assert build_once(tmp_path / "asset", lambda tmp: calls.append(1)) == path
+    assert len(calls) == 1 and (path / "f").exists() and not stale.exists()
+
+
+def test_build_once_force_replaces(tmp_path):
+    final = tmp_path / "asset"
+    build_once(final, lambda tmp: (tmp / "v1").touch())
+    build_once(final, lambda tmp: (tmp / "v2").touch(), force=True)
+    assert [p.name for p in final.iterdir()] == ["v2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["asset", "asset.lock"]
+
+
+# ---- two processes racing, like torchrun ranks ---------------------------------------------
+# "fork" rather than "spawn": a spawned child re-imports gamma_titan (torch, torchtitan), which
+# costs seconds per process; forked children are separate processes with their own lock file
+# descriptors all the same, which is what the lock cares about.
+
+
+def _hold_lock(lock_path, log_path, barrier):
+    barrier.wait()
+    with file_lock(lock_path):
+        with open(log_path, "a") as log:
+            log.write(f"enter {os.getpid()}\n")
+        time.sleep(0.3)
+        with open(log_path, "a") as log:
+            log.write(f"exit {os.getpid()}\n")
+
+
+def test_file_lock_excludes_other_processes(tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(2)
+    log = tmp_path / "log"
+    procs = [
+        ctx.Process(target=_hold_lock, args=(tmp_path / "x.lock", log, barrier)) for _ in range(2)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    events = [line.split()[0] for line in log.read_text().splitlines()]
+    assert events == ["enter", "exit", "enter", "exit"]  # never interleaved
+
+
+def _ensure_in_child(cache_root, vocab_size, log_path, barrier, results):
+    """Call ensure_builtin_tokenizer (which needs the corpus) and record every real build."""
+    os.environ["GAMMA_TITAN_CACHE"] = str(cache_root)
+    from gamma_titan.data import builtin_corpus, tokenizer
+
+    def counted(name, real):
+        def wrapper(*args, **kwargs):
+            with open(log_path, "a") as log:
+                log.write(f"{name}\n")
+            return real(*args, **kwargs)
+
+        return wrapper
+
+    builtin_corpus.build_builtin_corpus = counted("corpus", builtin_corpus.build_builtin_corpus)
+    tokenizer.train_bpe_tokenizer = counted("tokenizer", tokenizer.train_bpe_tokenizer)
+    barrier.wait()  # start both builds at the same moment
+    path = tokenizer.ensure_builtin_tokenizer(vocab_size)
+    results.put((str(path), (path / "tokenizer.json").read_bytes()))
+
+
+def test_concurrent_ensure_builds_once(tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    log = tmp_path / "builds.log"
+    procs = [
+        ctx.Process(target=_ensure_in_child, args=(tmp_path / "cache", 300, log, barrier, results))
+        for _ in range(2)
+    ]
+    for p in procs:
+        p.start()
+    outcomes = [results.get(timeout=240) for _ in procs]
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+
+    assert outcomes[0] == outcomes[1]  # same folder, identical bytes
+    assert sorted(log.read_text().split()) == ["corpus", "tokenizer"]  # each built once
+    leftovers = [p.name for p in (tmp_path / "cache").rglob(".*tmp-*")]
+    assert leftovers == []

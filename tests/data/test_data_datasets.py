@@ -1,0 +1,257 @@
+"""Our entries in TorchTitan's dataset registry, used through TorchTitan's own classes."""
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pandas as pd
+import pytest
+import torch
+from datasets import Dataset, DatasetDict
+from torchtitan.config import JobConfig
+from torchtitan.hf_datasets.text_datasets import (
+    DATASETS,
+    HuggingFaceTextDataset,
+    build_text_dataloader,
+    build_text_validation_dataloader,
+)
+
+from gamma_titan.data.datasets import check_dataset, parse_source, register_datasets
+from gamma_titan.errors import ConfigError
+
+SEQ_LEN = 32
+RECORDS = [{"text": f"Document number {i}. " * (i + 3), "id": i} for i in range(12)]
+TEXTS = [r["text"] for r in RECORDS]
+
+
+@pytest.fixture(autouse=True)
+def _registered():
+    register_datasets()
+
+
+@pytest.fixture
+def tmp_cache(monkeypatch, tmp_path):
+    """Keep the arrow files that `datasets` makes from local files out of the real cache."""
+    monkeypatch.setenv("GAMMA_TITAN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("HF_DATASETS_CACHE", raising=False)
+
+
+def _check_samples(dataset, tokenizer, count):
+    samples = list(itertools.islice(iter(dataset), count))
+    assert len(samples) == count
+    for inputs, labels in samples:
+        assert set(inputs) == {"input"}
+        x = inputs["input"]
+        assert x.dtype == torch.long and x.shape == (SEQ_LEN,) and labels.shape == (SEQ_LEN,)
+        assert torch.equal(x[1:], labels[:-1])  # labels are the inputs shifted by one
+        assert int(x.max()) < tokenizer.get_vocab_size()
+    return samples
+
+
+def _texts(name, path):
+    """What TorchTitan's loader for `name` yields for `path`, as plain strings."""
+    config = DATASETS[name]
+    return [config.sample_processor(s) for s in config.loader(path)]
+
+
+# ---- builtin --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["builtin", "builtin_validation", "BUILTIN"])
+def test_builtin_through_torchtitan(name, titan_tokenizer, builtin_corpus):
+    ds = HuggingFaceTextDataset(name, None, titan_tokenizer, seq_len=SEQ_LEN)
+    assert isinstance(ds._data, Dataset)  # map-style: resumes by sample index
+    first, *_ = _check_samples(ds, titan_tokenizer, 5)
+    assert first[0]["input"][0] == titan_tokenizer.bos_id
+
+
+def test_builtin_resumes_from_state(titan_tokenizer, builtin_corpus):
+    ds = HuggingFaceTextDataset("builtin", None, titan_tokenizer, seq_len=SEQ_LEN)
+    it = iter(ds)
+    for _ in range(40):
+        next(it)
+    state = ds.state_dict()
+    expected = [next(it) for _ in range(3)]
+
+    resumed = HuggingFaceTextDataset("builtin", None, titan_tokenizer, seq_len=SEQ_LEN)
+    resumed.load_state_dict(state)
+    for (x, y), (ex, ey) in zip(iter(resumed), expected):
+        assert torch.equal(x["input"], ex["input"]) and torch.equal(y, ey)
+
+
+def test_builtin_through_torchtitan_dataloaders(titan_tokenizer, builtin_corpus):
+    job = JobConfig()
+    job.training.dataset = "builtin"
+    job.validation.dataset = "builtin_validation"
+    for section in (job.training, job.validation):
+        section.local_batch_size, section.seq_len = 2, SEQ_LEN
+    for build in (build_text_dataloader, build_text_validation_dataloader):
+        inputs, labels = next(iter(build(1, 0, titan_tokenizer, job)))
+        assert inputs["input"].shape == labels.shape == (2, SEQ_LEN)
+
+
+def test_builtin_shards_are_disjoint(titan_tokenizer, builtin_corpus):
+    ranks = [
+        HuggingFaceTextDataset(
+            "builtin", None, titan_tokenizer, SEQ_LEN, dp_rank=rank, dp_world_size=2
+        )._data
+        for rank in range(2)
+    ]
+    assert set(ranks[0]["text"]).isdisjoint(ranks[1]["text"])
+
+
+# ---- hf: local files --------------------------------------------------------------------------
+
+
+def _write(folder, kind, records=RECORDS, name="data"):
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.{kind}"
+    if kind == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    elif kind == "json":
+        path.write_text(json.dumps(records))
+    elif kind == "parquet":
+        pd.DataFrame(records).to_parquet(path)
+    elif kind == "txt":
+        path.write_text("\n\n".join(r["text"] for r in records) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "json", "parquet"])
+def test_hf_local_file(kind, tmp_path, tmp_cache, titan_tokenizer):
+    path = str(_write(tmp_path / "in", kind))
+    assert _texts("hf", path) == TEXTS
+    _check_samples(HuggingFaceTextDataset("hf", path, titan_tokenizer, SEQ_LEN), titan_tokenizer, 3)
+
+
+def test_hf_txt_file_is_one_record_per_paragraph(tmp_path, tmp_cache, titan_tokenizer):
+    path = str(_write(tmp_path / "in", "txt"))
+    assert [t.strip() for t in _texts("hf", path)] == [t.strip() for t in TEXTS]
+    _check_samples(HuggingFaceTextDataset("hf", path, titan_tokenizer, SEQ_LEN), titan_tokenizer, 3)
+
+
+def test_hf_folder_of_files(tmp_path, tmp_cache):
+    folder = tmp_path / "in"
+    _write(folder / "part", "jsonl", RECORDS[6:], name="b")
+    _write(folder, "jsonl", RECORDS[:6], name="a")
+    (folder / "README.md").write_text("ignored")
+    assert _texts("hf", str(folder)) == TEXTS  # files in sorted path order
+
+
+def test_hf_save_to_disk_folders(tmp_path, tmp_cache):
+    Dataset.from_list(RECORDS).save_to_disk(str(tmp_path / "single"))
+    assert _texts("hf", str(tmp_path / "single")) == TEXTS
+
+    DatasetDict(
+        train=Dataset.from_list(RECORDS[:8]), validation=Dataset.from_list(RECORDS[8:])
+    ).save_to_disk(str(tmp_path / "dict"))
+    assert _texts("hf", str(tmp_path / "dict")) == TEXTS[:8]
+    assert _texts("hf", f"{tmp_path / 'dict'}:validation") == TEXTS[8:]
+    with pytest.raises(ConfigError, match="no split 'test'"):
+        _texts("hf", f"{tmp_path / 'dict'}:test")
+
+
+def test_hf_missing_text_column(tmp_path, tmp_cache):
+    path = _write(tmp_path, "jsonl", [{"body": "x"}])
+    with pytest.raises(ConfigError, match="no 'text' column \\(columns: body\\)"):
+        _texts("hf", str(path))
+
+
+def test_hf_local_file_offline(tmp_path):
+    """With HF_DATASETS_OFFLINE / HF_HUB_OFFLINE set, local data still loads."""
+    path = _write(tmp_path, "jsonl")
+    script = textwrap.dedent(f"""
+        from gamma_titan.data.datasets import register_datasets
+        from torchtitan.hf_datasets.text_datasets import DATASETS
+        register_datasets()
+        print(len(list(DATASETS["hf"].loader({str(path)!r}))))
+    """)
+    env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
+               GAMMA_TITAN_CACHE=str(tmp_path / "cache"))
+    env.pop("HF_DATASETS_CACHE", None)
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == str(len(RECORDS))
+
+
+# ---- hub ids (parsed only: no network here) ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value, repo, config, split",
+    [
+        ("allenai/c4", "allenai/c4", None, "train"),
+        ("allenai/c4/en", "allenai/c4", "en", "train"),
+        ("allenai/c4/en:validation", "allenai/c4", "en", "validation"),
+        ("HuggingFaceFW/fineweb-edu:train", "HuggingFaceFW/fineweb-edu", None, "train"),
+    ],
+)
+def test_hub_ids(value, repo, config, split, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no local folder shadows the owner name
+    source = parse_source(value)
+    assert source.kind == "hub"
+    assert (source.location, source.config, source.split) == (repo, config, split)
+
+
+# ---- pre-flight checks ------------------------------------------------------------------------
+
+
+def _error(name, path, key="training"):
+    with pytest.raises(ConfigError) as err:
+        check_dataset(name, path, key)
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+def test_check_accepts_good_choices(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    data = _write(tmp_path, "jsonl")
+    for name, path in [
+        ("builtin", None), ("BUILTIN_validation", ""), ("hf", str(data)), ("hf", "owner/name"),
+        ("hf", "owner/name/config:test"), ("c4", None), ("c4_validation", None),
+    ]:
+        check_dataset(name, path, "training")
+
+
+def test_check_unknown_name_lists_allowed():
+    message = _error("wikipedia", None)
+    assert message.startswith("training.dataset: unknown dataset 'wikipedia'; allowed: ")
+    for name in ("builtin", "builtin_validation", "hf", "c4", "c4_test", "c4_validation"):
+        assert name in message
+
+
+def test_check_bad_paths_name_the_key(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    missing = str(tmp_path / "missing.jsonl")
+    assert _error("hf", missing, "validation") == (
+        f"validation.dataset_path: '{missing}' does not exist; use a local "
+        ".jsonl/.json/.parquet/.txt file or folder, a save_to_disk folder, "
+        "or a hub id owner/name[/config][:split]"
+    )
+    assert _error("hf", None).startswith("training.dataset_path: the 'hf' dataset needs a path")
+    assert "neither an existing local path nor a hub dataset id" in _error("hf", "not a dataset!")
+    assert "neither" in _error("hf", "a/b/c/d")
+    csv = tmp_path / "data.csv"
+    csv.write_text("text\nhello\n")
+    assert "unsupported file type" in _error("hf", str(csv))
+    (tmp_path / "empty").mkdir()
+    assert "has no .jsonl/.json/.parquet/.txt files" in _error("hf", str(tmp_path / "empty"))
+    assert "must be unset" in _error("builtin", str(tmp_path), "training.dataset_path")
+    # TorchTitan's own default dataset reads a relative folder this repo does not have.
+    expected = "training.dataset_path: dataset 'c4_test' reads 'tests/assets/c4_test'"
+    assert expected in _error("c4_test", None)
+
+
+def test_register_is_idempotent():
+    register_datasets()
+    before = dict(DATASETS)
+    register_datasets()
+    assert DATASETS == before
+    ours_and_titans = {"builtin", "builtin_validation", "hf", "c4", "c4_test", "c4_validation"}
+    assert ours_and_titans <= set(DATASETS)

@@ -1,0 +1,51 @@
+"""Helpers for the tests: small model args, and running the trainer as a real process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import gamma_titan  # noqa: F401  (platform shims before torchtitan)
+
+REPO = Path(__file__).resolve().parents[1]
+DEBUG_TOML = REPO / "configs" / "dense" / "debug.toml"
+
+
+def small_args(gamma: float = 1.0, gate: str = "elementwise", eps: float = 1e-12, **shape):
+    """debug-flavor args with a chosen shape and the three knobs."""
+    from gamma_titan.models.dense import dense_flavors
+
+    args = dense_flavors["debug"]
+    for key, value in shape.items():
+        setattr(args, key, value)
+    args.init.rate = gamma
+    args.norm_eps = eps
+    args.attention_gate = gate
+    args.check()
+    return args
+
+
+def run_trainer(dump: Path, *overrides: str, nproc: int = 1, config: Path = DEBUG_TOML,
+                timeout: int = 600) -> subprocess.CompletedProcess:
+    """`torchrun -m gamma_titan.train` (or plain python for one process), as a user would."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // nproc))}
+    argv = ["-m", "gamma_titan.train", "--job.config_file", str(config),
+            "--job.dump_folder", str(dump), *overrides]
+    if nproc > 1:
+        argv = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *argv]
+    proc = subprocess.run([sys.executable, *argv], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"trainer failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def read_metrics(dump: Path) -> list[dict]:
+    return [json.loads(line) for line in (dump / "metrics.jsonl").read_text().splitlines()]
+
+
+QUIET = ("--metrics.log_freq", "1", "--metrics.enable_tensorboard", "false",
+         "--validation.enable", "false")
