@@ -19,6 +19,8 @@ from gamma_titan.inspect_model import format_report, inspect_model, resolve_mode
 #: every weight once more on the CPU); `gamma-titan inspect` always measures.
 STARTUP_MEASURE_MAX_PARAMS = 2_000_000_000
 
+FLOAT8_LINEAR = "quantize.linear.float8"  # TorchTitan's converter name for float8 linears
+
 
 def _world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
@@ -69,7 +71,12 @@ def check_training(config) -> None:
         value = getattr(t, key)
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"training.{key} = {value!r}: must be a positive integer")
-    if "float8" in config.model.converters:
+    from torchtitan.protocols.model_converter import _registry_model_converter_cls as converters
+
+    for name in config.model.converters:
+        if name not in converters:
+            raise ConfigError(f"model.converters: unknown converter {name!r}; allowed: {', '.join(sorted(converters))}")
+    if FLOAT8_LINEAR in config.model.converters:
         import torch
 
         compiled = config.compile.enable and "model" in config.compile.components

@@ -34,7 +34,7 @@ from torchtitan.tools.utils import device_type
 
 def parallelize_dense(model: nn.Module, parallel_dims: ParallelDims, job_config) -> nn.Module:
     if parallel_dims.tp_enabled:
-        float8 = "float8" in job_config.model.converters
+        float8 = "quantize.linear.float8" in job_config.model.converters
         rowwise_recipe = job_config.quantize.linear.float8.recipe_name in ("rowwise", "rowwise_with_gw_hp")
         apply_tp(
             model,

@@ -1,0 +1,67 @@
+"""FSDP and TP on CPU (gloo, 2 processes) against a single-process reference: the same
+initial weights, and the same losses step by step."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from helpers import DEBUG_TOML, QUIET, REPO, read_metrics, run_trainer
+
+pytestmark = pytest.mark.multiprocess
+
+DETERMINISTIC = ("--debug.deterministic", "true", "--debug.seed", "7")
+LAYOUTS = {
+    # name: (processes, local batch, extra overrides); the global batch is 4 everywhere
+    "single": (1, 4, ()),
+    "fsdp2": (2, 2, ("--parallelism.data_parallel_shard_degree", "2")),
+    "tp2": (2, 4, ("--parallelism.tensor_parallel_degree", "2",
+                   "--parallelism.data_parallel_shard_degree", "1")),
+}
+
+
+def dump_init(tmp_path, layout: str) -> dict:
+    nproc, batch, extra = LAYOUTS[layout]
+    out = tmp_path / f"init-{layout}.pt"
+    script = str(REPO / "tests" / "scripts" / "dump_init_weights.py")
+    argv = [script, str(out), "--job.config_file", str(DEBUG_TOML),
+            "--job.dump_folder", str(tmp_path / f"dump-{layout}"),
+            "--training.local_batch_size", str(batch), *QUIET, *DETERMINISTIC, *extra]
+    if nproc > 1:
+        argv = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *argv]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, *argv], cwd=REPO, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    return torch.load(out)
+
+
+def test_initial_weights_do_not_depend_on_parallel_degrees(tmp_path, builtin_assets):
+    single = dump_init(tmp_path, "single")
+    for layout in ("fsdp2", "tp2"):
+        other = dump_init(tmp_path, layout)
+        assert list(other) == list(single)
+        for name, tensor in single.items():
+            assert torch.equal(other[name], tensor), (layout, name)
+    # and they are γ-initialised (γ = 1, d = 256), not some default
+    assert abs(single["layers.0.attention.wq.weight"].std().item() * 256 - 1) < 0.05
+
+
+@pytest.fixture(scope="module")
+def losses(tmp_path_factory, builtin_assets):
+    out = {}
+    for layout, (nproc, batch, extra) in LAYOUTS.items():
+        dump = tmp_path_factory.mktemp(layout)
+        run_trainer(dump, "--training.steps", "5", "--training.local_batch_size", str(batch),
+                    *QUIET, *DETERMINISTIC, *extra, nproc=nproc)
+        out[layout] = [r["loss"] for r in read_metrics(dump)]
+    return out
+
+
+@pytest.mark.parametrize("layout", ["fsdp2", "tp2"])
+def test_losses_match_single_process(losses, layout):
+    assert len(losses["single"]) == 5
+    assert losses["single"][-1] < losses["single"][0]
+    torch.testing.assert_close(torch.tensor(losses[layout]), torch.tensor(losses["single"]),
+                               rtol=1e-4, atol=0)
