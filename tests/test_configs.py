@@ -1,0 +1,26 @@
+"""Every shipped config parses, passes the pre-flight checks for an 8-GPU node, and
+builds the flavor the README's table lists."""
+
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO
+from gamma_titan.config import load_job_config
+from gamma_titan.inspect_model import inspect_model
+from gamma_titan.train import preflight
+
+CONFIGS = sorted((REPO / "configs").rglob("*.toml"))
+# flavor: (total parameters with the elementwise gate, in millions, rounded)
+README_PARAMS = {"debug": 5.3, "0.1B": 170, "0.3B": 440, "0.7B": 890, "1.5B": 1540, "7B": 7260}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_config_passes_preflight(path: Path, builtin_assets):
+    config = load_job_config(["--job.config_file", str(path)])
+    spec, args = preflight(config, world_size=1 if config.model.flavor == "debug" else 8)
+    report = inspect_model(spec, args, config.training.seq_len, measure=False)
+    expected = README_PARAMS[config.model.flavor] * 1e6
+    assert abs(report["n_params"] / expected - 1) < 0.02, report["n_params"]
+    assert config.gamma.init_rate == 1.0 and config.gamma.norm_eps == 1e-12
+    assert config.gamma.attention_gate == "elementwise"
