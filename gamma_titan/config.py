@@ -13,7 +13,7 @@ line that names the key.
 """
 
 import contextlib
-import dataclasses
+import importlib
 import io
 import logging
 import math
@@ -221,34 +221,42 @@ def _normalise_cli(cls, argv: list[str]) -> list[str]:
     return out
 
 
-def with_config_module(argv: list[str]) -> list[str]:
-    """Add `--job.custom_config_module gamma_titan.config` unless the TOML or CLI sets it."""
-    if any(a.startswith(("--job.custom_config_module", "--job.custom-config-module")) for a in argv):
-        return argv
-    return [*argv, "--job.custom_config_module", CONFIG_MODULE]
+def _cli_config_module(argv: list[str]) -> str | None:
+    for i, arg in enumerate(argv):
+        key, _, inline = arg.partition("=")
+        if key in ("--job.custom_config_module", "--job.custom-config-module"):
+            return inline or (argv[i + 1] if i + 1 < len(argv) else None)
+    return None
 
 
 def load_job_config(argv: list[str]):
     """Parse a TorchTitan command line (TOML + overrides) into the merged JobConfig.
 
-    Raises ConfigError for unknown keys and out-of-range [gamma] values. Nothing is
-    started or written.
+    The config module defaults to this one (`--job.custom_config_module` on the CLI or
+    in [job] picks another, e.g. one that extends it). Raises ConfigError for unknown
+    keys and bad [gamma] values. Nothing is started or written.
     """
     from torchtitan.config import ConfigManager
     from torchtitan.config.job_config import JobConfig as TitanJobConfig
 
-    argv = with_config_module(list(argv))
-    merged = ConfigManager._merge_configs(TitanJobConfig, JobConfig)
+    argv = list(argv)
     path = _config_file(argv)
-    if path is not None:
-        toml = _read_toml(path)
-        _check_keys(merged, toml, "")
-        if "gamma" in toml:  # check values before tyro sees (and warns about) them
-            raw = dict(toml["gamma"])
-            overrides = InitRateOverrides(**raw.pop("init_rate_overrides", {}))
-            check_gamma(Gamma(**raw, init_rate_overrides=overrides))
-    argv = _normalise_cli(merged, argv)
-    config = _parse_quietly(argv)
+    toml = _read_toml(path) if path is not None else {}
+    module = _cli_config_module(argv) or toml.get("job", {}).get("custom_config_module")
+    if not module:
+        module = CONFIG_MODULE
+        argv += ["--job.custom_config_module", module]
+    try:
+        extension = importlib.import_module(module).JobConfig
+    except (ImportError, AttributeError):
+        raise ConfigError(f"job.custom_config_module = {module!r}: not a module with a JobConfig") from None
+    merged = ConfigManager._merge_configs(TitanJobConfig, extension)
+    _check_keys(merged, toml, "")
+    if "gamma" in toml:  # check values before tyro sees (and warns about) them
+        raw = dict(toml["gamma"])
+        overrides = InitRateOverrides(**raw.pop("init_rate_overrides", {}))
+        check_gamma(Gamma(**raw, init_rate_overrides=overrides))
+    config = _parse_quietly(_normalise_cli(merged, argv))
     check_gamma(config.gamma)
     return config
 
@@ -292,7 +300,3 @@ def _first_box_text(text: str) -> str:
             body.append(content)
     message = " ".join(body) or text.strip().replace("\n", " ")
     return f"{title}: {message}" if title else message
-
-
-def as_dict(config) -> dict:
-    return dataclasses.asdict(config)
