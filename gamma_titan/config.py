@@ -40,6 +40,7 @@ class InitRateOverrides:
     attention: float | None = None
     gate: float | None = None
     ffn: float | None = None
+    router: float | None = None
     output: float | None = None
 
 
@@ -68,6 +69,22 @@ class ModelArgsOverrides:
     vocab_size: int | None = None
     rope_theta: float | None = None
     max_seq_len: int | None = None
+    # gamma_moe
+    attention: str | None = None
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    n_dense_layers: int | None = None
+    moe_hidden_dim: int | None = None
+    n_routed_experts: int | None = None
+    n_shared_experts: int | None = None
+    top_k: int | None = None
+    score_func: str | None = None
+    route_norm: bool | None = None
+    route_scale: float | None = None
+    load_balance_coeff: float | None = None
 
 
 @dataclass

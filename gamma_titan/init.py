@@ -23,7 +23,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 #: Parameter groups whose γ can be overridden one by one ([gamma.init_rate_overrides]).
-GROUPS = ("embedding", "attention", "gate", "ffn", "output")
+GROUPS = ("embedding", "attention", "gate", "ffn", "router", "output")
 
 #: Module names that wrappers (activation checkpointing, torch.compile, FSDP1) insert;
 #: dropped so a parameter keeps the name it has in the bare model.

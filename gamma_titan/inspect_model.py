@@ -105,6 +105,7 @@ def inspect_model(spec, args, seq_len: int, measure: bool = True, probe_batch: i
         "n_params": n_params,
         "flops_per_token": flops,
         "seq_len": seq_len,
+        "active_params": args.active_params() if hasattr(args, "active_params") else None,
         "init_rate": cfg.rate,
         "init_rate_overrides": dict(cfg.rate_overrides),
         "norm_eps": args.norm_eps,
@@ -168,8 +169,11 @@ def inspect_model(spec, args, seq_len: int, measure: bool = True, probe_batch: i
 
 def format_report(report: dict) -> str:
     """The human-readable form: one line per (group, shape), then the model summary."""
+    active = report.get("active_params")
     lines = [
-        f"model {report['model']}: {report['n_params']:,} parameters, "
+        f"model {report['model']}: {report['n_params']:,} parameters"
+        + (f" ({active:,} active per token: matmul weights incl. output head)" if active else "")
+        + ", "
         f"{report['flops_per_token'] / 1e9:.3f} GFLOP/token for training at seq_len {report['seq_len']}",
         f"γ = {report['init_rate']:g}"
         + (f" (overrides {report['init_rate_overrides']})" if report["init_rate_overrides"] else "")

@@ -2,7 +2,7 @@
 
 from torchtitan.components.loss import build_cross_entropy_loss
 from torchtitan.components.lr_scheduler import build_lr_schedulers
-from torchtitan.components.optimizer import build_optimizers
+from torchtitan.components.optimizer import build_optimizers, build_optimizers_with_moe_load_balancing
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 from torchtitan.components.validate import build_validator
 from gamma_titan.data.loader import build_dataloader
@@ -12,6 +12,8 @@ from torchtitan.protocols import train_spec as _train_spec_module
 from gamma_titan.metrics import build_metrics_processor
 from gamma_titan.models.dense import GammaDense, dense_flavors
 from gamma_titan.models.dense.parallelize import parallelize_dense
+from gamma_titan.models.moe import GammaMoE, moe_flavors
+from gamma_titan.models.moe.parallelize import parallelize_moe
 
 
 def build_tokenizer(job_config) -> HuggingFaceTokenizer:
@@ -28,6 +30,19 @@ TRAIN_SPECS = {
         parallelize_fn=parallelize_dense,
         pipelining_fn=None,
         build_optimizers_fn=build_optimizers,
+        build_lr_schedulers_fn=build_lr_schedulers,
+        build_dataloader_fn=build_dataloader,
+        build_tokenizer_fn=build_tokenizer,
+        build_loss_fn=build_cross_entropy_loss,
+        build_validator_fn=build_validator,
+        build_metrics_processor_fn=build_metrics_processor,
+    ),
+    "gamma_moe": TrainSpec(
+        model_cls=GammaMoE,
+        model_args=moe_flavors,
+        parallelize_fn=parallelize_moe,
+        pipelining_fn=None,
+        build_optimizers_fn=build_optimizers_with_moe_load_balancing,
         build_lr_schedulers_fn=build_lr_schedulers,
         build_dataloader_fn=build_dataloader,
         build_tokenizer_fn=build_tokenizer,

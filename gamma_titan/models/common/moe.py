@@ -1,0 +1,78 @@
+"""Fine-grained mixture of experts: TorchTitan's MoE layer with our router.
+
+TorchTitan's `MoE` (grouped-GEMM experts, shared experts, the expert-parallel and
+load-balancing hooks that its parallel plans and optimizer expect) is reused as is. Its
+router and token reorderer count tokens per expert with `torch.histc` on int64, which
+CPU does not implement; ours count with an integer scatter-add, which works on every
+device, needs no device-host sync, and gives identical counts.
+
+Routing is token-choice top-k over sigmoid (or softmax) scores. Load balancing is the
+auxiliary-loss-free kind: a per-expert bias, added to the scores only to choose experts,
+is nudged after each optimizer step towards an even load (TorchTitan's
+`build_optimizers_with_moe_load_balancing`, `load_balance_coeff` its step size).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchtitan.models.moe.moe import MoE, MoEArgs
+
+
+def tokens_per_expert(expert_indices: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """How many routed (token, slot) pairs each expert gets (int64: the experts split
+    their input by these counts)."""
+    flat = expert_indices.reshape(-1)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    return counts.scatter_add_(0, flat, torch.ones_like(flat))
+
+
+class TokenChoiceRouter(nn.Module):
+    def __init__(self, dim: int, num_experts: int, top_k: int, score_func: str,
+                 route_norm: bool, route_scale: float):
+        super().__init__()
+        self.gate = nn.Linear(dim, num_experts, bias=False)
+        self.num_experts, self.top_k = num_experts, top_k
+        self.score_func, self.route_norm, self.route_scale = score_func, route_norm, route_scale
+
+    def forward(self, x: torch.Tensor, expert_bias: torch.Tensor | None = None):
+        """x: (tokens, dim) -> scores of the chosen experts (tokens, k), their indices
+        (tokens, k), and the number of tokens per expert (num_experts,)."""
+        logits = self.gate(x).float()  # routing in fp32
+        scores = torch.sigmoid(logits) if self.score_func == "sigmoid" else F.softmax(logits, dim=-1)
+        choice = scores if expert_bias is None else scores + expert_bias
+        _, indices = torch.topk(choice, k=self.top_k, dim=-1, sorted=False)
+        top = scores.gather(1, indices)  # the bias picks experts; it does not weight them
+        if self.route_norm:
+            top = top / (top.sum(dim=-1, keepdim=True) + 1e-20)
+        return top * self.route_scale, indices, tokens_per_expert(indices, self.num_experts)
+
+
+class TokenReorderer(nn.Module):
+    """Sort the (token, slot) pairs by expert, as GroupedExperts wants its input."""
+
+    def __init__(self, num_experts: int, top_k: int):
+        super().__init__()
+        self.num_experts, self.top_k = num_experts, top_k
+
+    def forward(self, top_scores: torch.Tensor, expert_indices: torch.Tensor):
+        order = torch.argsort(expert_indices.reshape(-1), stable=True)
+        return top_scores.reshape(-1)[order], order, tokens_per_expert(expert_indices, self.num_experts)
+
+
+class MoELayer(MoE):
+    def __init__(self, moe_args: MoEArgs, dim: int, hidden_dim: int):
+        super().__init__(moe_args, dim=dim, hidden_dim=hidden_dim)
+        self.router = TokenChoiceRouter(
+            dim, moe_args.num_experts, moe_args.top_k, moe_args.score_func,
+            moe_args.route_norm, moe_args.route_scale,
+        )
+        self.reorderer = TokenReorderer(moe_args.num_experts, moe_args.top_k)
+
+    def reset_buffers(self, device) -> None:
+        """Zero load counters and expert bias (see DecoderLM.init_weights)."""
+        with torch.device(device):
+            self.tokens_per_expert = torch.zeros(self.experts.num_experts, dtype=torch.float32)
+            if self.load_balance_coeff is not None:
+                self.expert_bias = torch.zeros(self.experts.num_experts, dtype=torch.float32)
