@@ -25,7 +25,7 @@ CASES = {
     # id: (extra TOML, CLI overrides, text the message must contain)
     "unknown gamma key": ("[gamma]\ninit_rat = 1.0\n", [], "gamma.init_rat"),
     "unknown model_args key": ("[model_args]\nwidth = 128\n", [], "model_args.width"),
-    "unknown override group": ("[gamma.init_rate_overrides]\nrouter = 1.0\n", [], "gamma.init_rate_overrides.router"),
+    "unknown override group": ("[gamma.init_rate_overrides]\nexperts = 1.0\n", [], "gamma.init_rate_overrides.experts"),
     "init_rate zero": ("[gamma]\ninit_rate = 0.0\n", [], "gamma.init_rate"),
     "init_rate too large": ("[gamma]\ninit_rate = 4.5\n", [], "gamma.init_rate"),
     "init_rate not a number": ("[gamma]\ninit_rate = \"one\"\n", [], "gamma.init_rate"),
