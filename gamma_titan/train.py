@@ -43,8 +43,21 @@ def check_parallelism(config, world_size: int, args) -> None:
     if p.pipeline_parallel_degree > 1:
         raise ConfigError(f"parallelism.pipeline_parallel_degree = {p.pipeline_parallel_degree}: "
                           f"{config.model.name} supports 1 (no pipeline parallelism)")
-    if p.expert_parallel_degree > 1 and config.model.name == "gamma_dense":
-        raise ConfigError("parallelism.expert_parallel_degree applies to MoE models; gamma_dense needs 1")
+    ep = p.expert_parallel_degree
+    if ep > 1:
+        experts = getattr(args, "n_routed_experts", None)
+        if experts is None:
+            raise ConfigError(f"parallelism.expert_parallel_degree = {ep} applies to MoE models; "
+                              f"{config.model.name} needs 1")
+        if experts % ep:
+            raise ConfigError(f"parallelism.expert_parallel_degree = {ep} must divide "
+                              f"model_args.n_routed_experts = {experts}")
+        if p.tensor_parallel_degree > 1 or p.expert_tensor_parallel_degree > 1:
+            raise ConfigError("parallelism.expert_parallel_degree > 1 with tensor parallelism is not "
+                              "supported for gamma_moe yet; use tensor_parallel_degree = 1")
+    if p.tensor_parallel_degree > 1 and hasattr(args, "n_routed_experts"):
+        raise ConfigError("parallelism.tensor_parallel_degree > 1 is not supported for gamma_moe yet "
+                          "(use FSDP and expert_parallel_degree)")
     non_dp = p.tensor_parallel_degree * p.context_parallel_degree * p.data_parallel_replicate_degree
     shard = p.data_parallel_shard_degree
     if shard == -1:
@@ -58,6 +71,10 @@ def check_parallelism(config, world_size: int, args) -> None:
             f"{shard * non_dp if isinstance(shard, int) else '?'} but the world size is {world_size} "
             "(use -1 to infer)"
         )
+    dp_shard = world_size // non_dp if shard == -1 else shard
+    if ep > 1 and (dp_shard * p.context_parallel_degree) % ep:
+        raise ConfigError(f"parallelism.expert_parallel_degree = {ep} must divide the data-parallel "
+                          f"shard degree ({dp_shard}) x context parallel degree")
     check_tp_shapes(args, p.tensor_parallel_degree)
     divisor = p.tensor_parallel_degree * (2 * p.context_parallel_degree if p.context_parallel_degree > 1 else 1)
     if config.training.seq_len % divisor:

@@ -1,41 +1,57 @@
-"""Activation checkpointing, torch.compile and FSDP2 for gamma_moe (TorchTitan's helpers).
+"""Expert parallelism, activation checkpointing, torch.compile and FSDP2 for gamma_moe.
 
-Tensor and expert parallelism for gamma_moe are not wired yet: the pre-flight checks
-refuse them with a one-line error (see gamma_titan.train.check_parallelism).
+The order is TorchTitan's: EP → AC → compile (per block) → FSDP. Routed experts are
+sharded by expert over the `ep` mesh (which TorchTitan's ParallelDims carves out of the
+data-parallel ranks) with all-to-all token dispatch; everything else is FSDP-sharded as
+in the dense model, the experts over the remaining `efsdp` ranks. Tensor parallelism for
+gamma_moe is not wired yet: the pre-flight checks refuse it with a one-line error.
 """
 
 from __future__ import annotations
 
 from torch import nn
+from torch.distributed.tensor.parallel import parallelize_module
 from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.activation_checkpoint import apply_ac
 from torchtitan.models.deepseek_v3.infra.parallelize import _op_sac_save_list
-from torchtitan.models.llama3.infra.parallelize import apply_fsdp
-from torchtitan.models.llama4.infra.parallelize import apply_compile
+from torchtitan.models.llama4.infra.parallelize import apply_compile, apply_fsdp
 from torchtitan.tools.logging import logger
 from torchtitan.tools.utils import device_type
 
 from gamma_titan.models.dense.parallelize import force_sum_reductions
 
+from .expert_parallel import ExpertParallel
+
 
 def parallelize_moe(model: nn.Module, parallel_dims: ParallelDims, job_config) -> nn.Module:
+    if parallel_dims.ep_enabled:
+        ep_mesh = parallel_dims.get_mesh("ep")
+        for block in model.layers.values():
+            if block.moe_enabled:
+                parallelize_module(block.moe.experts, ep_mesh, ExpertParallel())
+        logger.info(f"Applied expert parallelism (degree {parallel_dims.ep}) to the routed experts")
+
     compile_model = job_config.compile.enable and "model" in job_config.compile.components
     if job_config.activation_checkpoint.mode != "none":
         apply_ac(model, job_config.activation_checkpoint, model_compile_enabled=compile_model,
                  op_sac_save_list=_op_sac_save_list, base_folder=job_config.job.dump_folder)
     if compile_model:
         apply_compile(model, job_config.compile, parallel_dims.ep_enabled)
-    if parallel_dims.fsdp_enabled:
-        mesh_names = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
+
+    if parallel_dims.fsdp_enabled or parallel_dims.ep_enabled:
+        replicate = ["dp_replicate"] if parallel_dims.dp_replicate_enabled else []
         apply_fsdp(
             model,
-            parallel_dims.get_mesh(mesh_names),
+            parallel_dims.get_mesh(replicate + ["fsdp"]),
             param_dtype=TORCH_DTYPE_MAP[job_config.training.mixed_precision_param],
             reduce_dtype=TORCH_DTYPE_MAP[job_config.training.mixed_precision_reduce],
             pp_enabled=False,
             cpu_offload=job_config.training.enable_cpu_offload,
             reshard_after_forward_policy=job_config.parallelism.fsdp_reshard_after_forward,
+            ep_degree=parallel_dims.ep,
+            edp_mesh=parallel_dims.get_optional_mesh(replicate + ["efsdp"]),
+            gradient_divide_factor=parallel_dims.fsdp_gradient_divide_factor,
         )
         if device_type == "cpu":
             force_sum_reductions(model)
