@@ -67,6 +67,14 @@ class GammaMetricsProcessor(MetricsProcessor):
         self._loggers = self.logger  # TensorBoard / W&B, as TorchTitan built them
         self.logger = _Tee(self)
 
+    def log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
+        """TorchTitan's log, plus the MoE expert load (a collective: all ranks log)."""
+        from gamma_titan.models.common.moe import moe_load_metrics
+
+        group = self.parallel_dims.get_mesh("batch").get_group() if self.parallel_dims.dp_enabled else None
+        extra = {**(extra_metrics or {}), **moe_load_metrics(self.model_parts or [], group)}
+        super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra)
+
     def _validation_due(self, step: int) -> bool:
         v = self.job_config.validation
         return v.enable and (step == 1 or step % v.freq == 0)

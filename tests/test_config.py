@@ -45,6 +45,15 @@ CASES = {
     "unknown CLI option": ("", ["--gamma.init_rates", "1.0"], "--gamma.init_rates"),
     "CLI value of the wrong type": ("", ["--gamma.init_rate", "abc"], "gamma.init-rate"),
     "model_args value of the wrong type": ("[model_args]\ndim = \"wide\"\n", [], "model_args.dim"),
+    "experts not divisible by EP": ("", ["--model.name", "gamma_moe", "--parallelism.expert_parallel_degree", "3"],
+                                    "model_args.n_routed_experts"),
+    "EP on a dense model": ("", ["--parallelism.expert_parallel_degree", "2"], "expert_parallel_degree"),
+    "top-k above experts": ("", ["--model.name", "gamma_moe", "--model_args.top_k", "9"], "model_args.top_k"),
+    "MLA rank that does not fit": ("", ["--model.name", "gamma_moe", "--model.flavor", "debug_mla",
+                                        "--model_args.kv_lora_rank", "512"], "model_args.kv_lora_rank"),
+    "MoE key on a dense model": ("[model_args]\ntop_k = 2\n", [], "model_args.top_k"),
+    "gate unknown to MLA": ("", ["--model.name", "gamma_moe", "--model.flavor", "debug_mla",
+                                 "--gamma.attention_gate", "channelwise"], "attention-gate"),
     "tp does not divide world": ("", ["--parallelism.tensor_parallel_degree", "3"], "world size"),
 }
 

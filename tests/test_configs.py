@@ -16,7 +16,8 @@ IDS = [f"{p.parent.name}/{p.stem}" for p in CONFIGS]
 README_PARAMS = {
     ("gamma_dense", "debug"): 5.3, ("gamma_dense", "0.1B"): 170, ("gamma_dense", "0.3B"): 440,
     ("gamma_dense", "0.7B"): 890, ("gamma_dense", "1.5B"): 1540, ("gamma_dense", "7B"): 7260,
-    ("gamma_moe", "debug"): 6.6, ("gamma_moe", "debug_mla"): 6.0,
+    ("gamma_moe", "debug"): 6.6, ("gamma_moe", "debug_mla"): 6.0, ("gamma_moe", "1.5B-A0.25B"): 1577,
+    ("gamma_moe", "3B-A0.5B"): 2870, ("gamma_moe", "16B-A2.4B"): 15820,
 }
 
 

@@ -35,6 +35,12 @@ class TokenChoiceRouter(nn.Module):
         self.gate = nn.Linear(dim, num_experts, bias=False)
         self.num_experts, self.top_k = num_experts, top_k
         self.score_func, self.route_norm, self.route_scale = score_func, route_norm, route_scale
+        # Routed (token, slot) pairs per expert since the last metrics log (moe_load_metrics);
+        # TorchTitan's tokens_per_expert is reset by the load-balancing step, so it cannot serve.
+        self.register_buffer("load", torch.zeros(num_experts, dtype=torch.int64), persistent=False)
+
+    def reset_buffers(self, device) -> None:
+        self.load = torch.zeros(self.num_experts, dtype=torch.int64, device=device)
 
     def forward(self, x: torch.Tensor, expert_bias: torch.Tensor | None = None):
         """x: (tokens, dim) -> scores of the chosen experts (tokens, k), their indices
@@ -46,7 +52,10 @@ class TokenChoiceRouter(nn.Module):
         top = scores.gather(1, indices)  # the bias picks experts; it does not weight them
         if self.route_norm:
             top = top / (top.sum(dim=-1, keepdim=True) + 1e-20)
-        return top * self.route_scale, indices, tokens_per_expert(indices, self.num_experts)
+        counts = tokens_per_expert(indices, self.num_experts)
+        with torch.no_grad():
+            self.load += counts
+        return top * self.route_scale, indices, counts
 
 
 class TokenReorderer(nn.Module):
@@ -59,6 +68,34 @@ class TokenReorderer(nn.Module):
     def forward(self, top_scores: torch.Tensor, expert_indices: torch.Tensor):
         order = torch.argsort(expert_indices.reshape(-1), stable=True)
         return top_scores.reshape(-1)[order], order, tokens_per_expert(expert_indices, self.num_experts)
+
+
+@torch.no_grad()
+def moe_load_metrics(model_parts: list[nn.Module], batch_group=None) -> dict[str, float]:
+    """Expert load since the last call, per MoE layer, summed over data-parallel ranks
+    (a collective on `batch_group`: every rank must call it), then reset.
+
+    `moe/load_max_over_mean/layer_{i}` is the busiest expert's share over the average
+    share (1 = perfectly even), `moe/load_min_over_mean/layer_{i}` the idlest's (0 = an
+    unused expert); `moe/load_max_over_mean` is the worst layer. Token-choice routing has
+    no capacity limit, so no token is ever dropped.
+    """
+    routers = [(name, m) for part in model_parts for name, m in part.named_modules()
+               if isinstance(m, TokenChoiceRouter)]
+    if not routers:
+        return {}
+    loads = torch.stack([m.load for _, m in routers]).float()
+    if batch_group is not None:
+        torch.distributed.all_reduce(loads, group=batch_group)
+    metrics = {}
+    for (name, router), load in zip(routers, loads):
+        layer = name.split("layers.")[1].split(".")[0]
+        mean = load.mean().clamp_min(1e-9)
+        metrics[f"moe/load_max_over_mean/layer_{layer}"] = (load.max() / mean).item()
+        metrics[f"moe/load_min_over_mean/layer_{layer}"] = (load.min() / mean).item()
+        router.load.zero_()
+    metrics["moe/load_max_over_mean"] = max(v for k, v in metrics.items() if "load_max" in k)
+    return metrics
 
 
 class MoELayer(MoE):

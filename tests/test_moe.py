@@ -1,0 +1,137 @@
+"""gamma_moe: γ-init of experts, router, MLA and gate; the residual-flow law; the router's
+counts; and its bad-input checks."""
+
+import numpy as np
+import pytest
+import torch
+
+import gamma_titan  # noqa: F401
+from gamma_titan.errors import ConfigError
+from gamma_titan.inspect_model import inspect_model
+from gamma_titan.models.common.moe import TokenChoiceRouter, TokenReorderer, tokens_per_expert
+from gamma_titan.models.moe import GammaMoE, moe_flavors
+from gamma_titan.train_specs import TRAIN_SPECS
+
+SPEC = TRAIN_SPECS["gamma_moe"]
+
+
+def moe_args(flavor="debug", gamma=1.0, gate="elementwise", **shape):
+    args = moe_flavors[flavor]
+    for key, value in shape.items():
+        setattr(args, key, value)
+    args.init.rate, args.attention_gate, args.norm_eps = gamma, gate, 1e-12
+    args.check()
+    return args
+
+
+# Every weight has >= 8192 entries, so 5% is > 6 standard errors of the std.
+BIG = dict(dim=512, n_heads=8, n_routed_experts=16, moe_hidden_dim=256, ffn_hidden_dim=1024,
+           vocab_size=1024, n_layers=2)
+BIG_MLA = dict(q_lora_rank=256, kv_lora_rank=128, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64)
+
+
+def expected_fan_in(name: str, a) -> int:
+    last = name.split(".")[-2] if name.endswith(".weight") else name.split(".")[-1]
+    if ".moe.experts." in name:
+        return a.moe_hidden_dim if last == "w2" else a.dim
+    if ".moe.shared_experts." in name:
+        return a.moe_hidden_dim * a.n_shared_experts if last == "w2" else a.dim
+    if ".feed_forward." in name:
+        return a.ffn_hidden_dim if last == "w2" else a.dim
+    return {"wq_b": a.q_lora_rank, "wkv_b": a.kv_lora_rank,
+            "wo": a.n_heads * (a.v_head_dim if a.attention == "mla" else a.head_dim)}.get(last, a.dim)
+
+
+@pytest.mark.parametrize("gamma", [0.5, 1.0, 1.5])
+@pytest.mark.parametrize("flavor, extra", [("debug", {}), ("debug_mla", BIG_MLA)], ids=["mha", "mla"])
+def test_every_matrix_has_std_d_in_to_minus_gamma(flavor, extra, gamma):
+    args = moe_args(flavor, gamma, "headwise", **BIG, **extra)
+    args.init.seed = 0
+    report = inspect_model(SPEC, args, 64, seed=0)
+    groups = set()
+    for row in report["params"]:
+        if row["target_std"] is None:
+            assert row["mean"] == 1.0, row["name"]
+            continue
+        assert row["fan_in"] == expected_fan_in(row["name"], args), row["name"]
+        assert abs(row["std"] / row["fan_in"] ** -gamma - 1) < 0.05, row
+        groups.add(row["group"])
+    assert groups == {"embedding", "attention", "gate", "ffn", "router", "output"}
+    names = {r["name"] for r in report["params"]}
+    assert "layers.1.moe.experts.w1" in names and "layers.1.moe.router.gate.weight" in names
+    if flavor == "debug_mla":
+        assert {"layers.0.attention.wkv_a.weight", "layers.0.attention.kv_norm.weight",
+                "layers.0.attention.q_norm.weight"} <= names
+
+
+def test_mla_gate_width_follows_v_head_dim():
+    args = moe_args("debug_mla", gate="elementwise")
+    model = GammaMoE(args)
+    attn = model.layers["0"].attention
+    assert attn.gate_proj.weight.shape == (args.n_heads * args.v_head_dim, args.dim)
+    assert model.layers["0"].attention.kv_norm.eps == 1e-12
+    assert all(m.eps == 1e-12 for m in model.modules() if isinstance(m, torch.nn.RMSNorm))
+
+
+@pytest.mark.parametrize("gamma", [0.5, 1.0, 1.5])
+@pytest.mark.parametrize("attention", ["mha", "mla"])
+def test_residual_flow_law_holds_for_moe(gamma, attention):
+    widths = (128, 256, 512)
+    ratios = []
+    for d in widths:
+        shape = dict(dim=d, n_heads=d // 64, n_layers=2, vocab_size=512, ffn_hidden_dim=8 * d // 3 // 64 * 64,
+                     moe_hidden_dim=d // 2, attention=attention)
+        if attention == "mla":  # latent ranks and head widths scale with d, as in real flavors
+            shape.update(q_lora_rank=d // 2, kv_lora_rank=d // 4, qk_nope_head_dim=32,
+                         qk_rope_head_dim=32, v_head_dim=64)
+        args = moe_args("debug", gamma, **shape)
+        ratios.append(np.mean([inspect_model(SPEC, args, 128, seed=s)["residual_flow_ratio"] for s in (0, 1)]))
+    slope = np.polyfit(np.log(widths), np.log(ratios), 1)[0]
+    assert abs(slope - (1 - gamma)) <= 0.15, (ratios, slope)
+
+
+def test_router_counts_and_reorder_match_a_naive_count():
+    torch.manual_seed(0)
+    router = TokenChoiceRouter(32, 8, top_k=2, score_func="sigmoid", route_norm=True, route_scale=1.0)
+    x = torch.randn(50, 32)
+    bias = torch.zeros(8)
+    bias[3] = 10.0  # the bias chooses expert 3 for every token but does not weight it
+    top, idx, counts = router(x, bias)
+    naive = torch.tensor([(idx == e).sum().item() for e in range(8)])
+    assert torch.equal(counts, naive) and counts[3] == 50 and counts.sum() == 100
+    torch.testing.assert_close(top.sum(-1), torch.ones(50))  # route_norm
+    assert torch.equal(router.load, counts)
+    sorted_scores, order, counts2 = TokenReorderer(8, 2)(top, idx)
+    assert torch.equal(counts2, counts)
+    assert torch.equal(idx.reshape(-1)[order], torch.sort(idx.reshape(-1), stable=True).values)
+    assert torch.equal(tokens_per_expert(torch.tensor([[0, 0], [2, 0]]), 3), torch.tensor([3, 0, 1]))
+
+
+def test_active_parameters_and_flops_from_shapes():
+    a = moe_flavors["1.5B-A0.25B"]
+    with torch.device("meta"):
+        model = GammaMoE(a)
+    total = sum(p.numel() for p in model.parameters())
+    norms = sum(p.numel() for n, p in model.named_parameters() if p.ndim == 1)
+    assert a.matmul_params(active=False) == total - norms - a.vocab_size * a.dim
+    expert = 3 * a.dim * a.moe_hidden_dim
+    idle = (a.n_layers - a.n_dense_layers) * (a.n_routed_experts - a.top_k) * expert
+    assert a.active_params() == a.matmul_params(active=False) - idle
+    assert 0.2e9 < a.active_params() - a.dim * a.vocab_size < 0.3e9  # "A0.25B" without embeddings
+    assert 1.4e9 < total < 1.7e9
+
+
+@pytest.mark.parametrize("shape, key", [
+    (dict(top_k=9), "model_args.top_k"),
+    (dict(attention="gqa"), "model_args.attention"),
+    (dict(attention="mla", kv_lora_rank=256), "model_args.kv_lora_rank"),
+    (dict(attention="mla", qk_rope_head_dim=31), "model_args.qk_rope_head_dim"),
+    (dict(n_dense_layers=4), "model_args.n_dense_layers"),
+    (dict(score_func="relu"), "model_args.score_func"),
+])
+def test_bad_shapes_name_their_key(shape, key):
+    args = moe_flavors["debug"]
+    for k, v in shape.items():
+        setattr(args, k, v)
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        args.check()

@@ -1,0 +1,51 @@
+"""gamma_moe end to end on CPU: expert parallelism and FSDP (2 gloo processes) against a
+single process, with MHA and with MLA, the attention gate on; 30-step runs that log
+expert load."""
+
+import pytest
+import torch
+
+from helpers import QUIET, REPO, read_metrics, run_trainer
+
+pytestmark = pytest.mark.multiprocess
+
+CONFIGS = {"mha": REPO / "configs" / "moe" / "debug.toml", "mla": REPO / "configs" / "moe" / "debug_mla.toml"}
+DETERMINISTIC = ("--debug.deterministic", "true", "--debug.seed", "7")
+LAYOUTS = {  # global batch 4 everywhere
+    "single": (1, 4, ()),
+    "fsdp2": (2, 2, ()),
+    "ep2": (2, 2, ("--parallelism.expert_parallel_degree", "2")),
+}
+
+
+@pytest.fixture(scope="module", params=["mha", "mla"])
+def losses(request, tmp_path_factory, builtin_assets):
+    out = {}
+    for layout, (nproc, batch, extra) in LAYOUTS.items():
+        dump = tmp_path_factory.mktemp(f"{request.param}-{layout}")
+        run_trainer(dump, "--training.steps", "5", "--training.local_batch_size", str(batch),
+                    *QUIET, *DETERMINISTIC, *extra, nproc=nproc, config=CONFIGS[request.param])
+        out[layout] = [r["loss"] for r in read_metrics(dump)]
+    return out
+
+
+@pytest.mark.parametrize("layout", ["fsdp2", "ep2"])
+def test_losses_match_single_process(losses, layout):
+    assert len(losses["single"]) == 5 and losses["single"][-1] < losses["single"][0]
+    torch.testing.assert_close(torch.tensor(losses[layout]), torch.tensor(losses["single"]), rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize("attention", ["mha", "mla"])
+def test_thirty_steps_train_and_log_expert_load(tmp_path, attention, builtin_assets):
+    dump = tmp_path / "run"
+    run_trainer(dump, "--training.steps", "30", "--metrics.log_freq", "10", "--validation.enable", "false",
+                config=CONFIGS[attention])
+    records = read_metrics(dump)
+    assert [r["step"] for r in records] == [1, 10, 20, 30]
+    assert records[-1]["loss"] < records[0]["loss"] - 1.0
+    for r in records:
+        for layer in (1, 2, 3):  # layer 0 is dense
+            assert r[f"moe/load_max_over_mean/layer_{layer}"] >= 1.0
+            assert 0.0 <= r[f"moe/load_min_over_mean/layer_{layer}"] <= 1.0
+        assert "moe/load_max_over_mean/layer_0" not in r
+    assert list((dump / "tb").rglob("events.out.tfevents.*"))
