@@ -54,6 +54,8 @@ CASES = {
     "MoE key on a dense model": ("[model_args]\ntop_k = 2\n", [], "model_args.top_k"),
     "gate unknown to MLA": ("", ["--model.name", "gamma_moe", "--model.flavor", "debug_mla",
                                  "--gamma.attention_gate", "channelwise"], "attention-gate"),
+    "TP with MLA": ("", ["--model.name", "gamma_moe", "--model.flavor", "debug_mla",
+                         "--parallelism.tensor_parallel_degree", "2"], "tensor_parallel_degree"),
     "tp does not divide world": ("", ["--parallelism.tensor_parallel_degree", "3"], "world size"),
 }
 

@@ -119,11 +119,14 @@ def apply_tp(model: nn.Module, tp_mesh, loss_parallel: bool, float8_tensorwise: 
             "attention.wv": colwise(),
             "attention.wo": rowwise(output_layouts=Shard(1)),
             "ffn_norm": SequenceParallel(),
-            "feed_forward": prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            "feed_forward.w1": colwise(),
-            "feed_forward.w2": rowwise(output_layouts=Shard(1)),
-            "feed_forward.w3": colwise(),
         }
+        if hasattr(block, "feed_forward"):  # MoE layers are planned by parallelize_moe
+            plan |= {
+                "feed_forward": prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                "feed_forward.w1": colwise(),
+                "feed_forward.w2": rowwise(output_layouts=Shard(1)),
+                "feed_forward.w3": colwise(),
+            }
         if hasattr(block.attention, "gate_proj"):
             plan["attention.gate_proj"] = colwise()
         parallelize_module(block, tp_mesh, plan)
@@ -141,9 +144,10 @@ def check_tp_shapes(args, tp: int) -> None:
             f"parallelism.tensor_parallel_degree = {tp} must divide model_args.n_heads = "
             f"{args.n_heads} and the KV heads ({args.kv_heads})"
         )
-    if args.ffn_hidden_dim % tp:
-        raise ConfigError(
-            f"parallelism.tensor_parallel_degree = {tp} must divide model_args.ffn_hidden_dim = "
-            f"{args.ffn_hidden_dim}"
-        )
+    for key in ("ffn_hidden_dim", "moe_hidden_dim"):  # MLP widths split across TP ranks
+        width = getattr(args, key, None)
+        if width is not None and width % tp:
+            raise ConfigError(
+                f"parallelism.tensor_parallel_degree = {tp} must divide model_args.{key} = {width}"
+            )
 

@@ -1,10 +1,12 @@
-"""Expert parallelism, activation checkpointing, torch.compile and FSDP2 for gamma_moe.
+"""Tensor and expert parallelism, activation checkpointing, torch.compile and FSDP2 for
+gamma_moe.
 
-The order is TorchTitan's: EP → AC → compile (per block) → FSDP. Routed experts are
+The order is TorchTitan's: TP → EP → AC → compile (per block) → FSDP. Routed experts are
 sharded by expert over the `ep` mesh (which TorchTitan's ParallelDims carves out of the
 data-parallel ranks) with all-to-all token dispatch; everything else is FSDP-sharded as
-in the dense model, the experts over the remaining `efsdp` ranks. Tensor parallelism for
-gamma_moe is not wired yet: the pre-flight checks refuse it with a one-line error.
+in the dense model, the experts over the remaining `efsdp` ranks. TP covers MHA
+attention, the shared experts and the routed experts' hidden dimension; TP with MLA, and
+TP together with EP, are refused by the pre-flight checks for now.
 """
 
 from __future__ import annotations
@@ -15,16 +17,25 @@ from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.activation_checkpoint import apply_ac
 from torchtitan.models.deepseek_v3.infra.parallelize import _op_sac_save_list
-from torchtitan.models.llama4.infra.parallelize import apply_compile, apply_fsdp
+from torchtitan.models.llama4.infra.parallelize import apply_compile, apply_fsdp, apply_moe_ep_tp
 from torchtitan.tools.logging import logger
 from torchtitan.tools.utils import device_type
 
-from gamma_titan.models.dense.parallelize import force_sum_reductions
+from gamma_titan.models.dense.parallelize import apply_tp, force_sum_reductions
 
 from .expert_parallel import ExpertParallel
 
 
 def parallelize_moe(model: nn.Module, parallel_dims: ParallelDims, job_config) -> nn.Module:
+    if parallel_dims.tp_enabled:
+        # Attention, norms, embedding, output and dense layers: the dense model's plan;
+        # MoE layers: TorchTitan's (replicated router, column/row-parallel shared experts,
+        # experts split along their hidden dimension).
+        tp_mesh = parallel_dims.get_mesh("tp")
+        apply_tp(model, tp_mesh, loss_parallel=not job_config.parallelism.disable_loss_parallel,
+                 float8_tensorwise=False)
+        apply_moe_ep_tp(model, tp_mesh=tp_mesh, ep_mesh=None, etp_mesh=None, ep_etp_mesh=None,
+                        dual_pipe_v=False, use_deepep=False)
     if parallel_dims.ep_enabled:
         ep_mesh = parallel_dims.get_mesh("ep")
         for block in model.layers.values():
