@@ -55,3 +55,16 @@ def test_thirty_steps_train_and_log_expert_load(tmp_path, attention, builtin_ass
             assert 0.0 <= r[f"moe/load_min_over_mean/layer_{layer}"] <= 1.0
         assert "moe/load_max_over_mean/layer_0" not in r
     assert list((dump / "tb").rglob("events.out.tfevents.*"))
+
+
+@pytest.mark.parametrize("attention, extra, log_line", [
+    ("mla", ("--compile.enable", "true"), "Compiling each TransformerBlock"),
+    ("mha", ("--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate", "true",
+             "--quantize.linear.float8.filter_fqns", "output"), "Swapped to Float8Linear"),
+], ids=["compile-mla", "float8-mha"])
+def test_compile_and_float8_run_three_steps(tmp_path, attention, extra, log_line, builtin_assets):
+    dump = tmp_path / "run"
+    proc = run_trainer(dump, "--training.steps", "3", *QUIET, *extra, config=CONFIGS[attention])
+    losses = [r["loss"] for r in read_metrics(dump)]
+    assert len(losses) == 3 and all(l == l and l < 9 for l in losses)
+    assert log_line in proc.stdout + proc.stderr
