@@ -55,9 +55,6 @@ def check_parallelism(config, world_size: int, args) -> None:
         if p.tensor_parallel_degree > 1 or p.expert_tensor_parallel_degree > 1:
             raise ConfigError("parallelism.expert_parallel_degree > 1 with tensor parallelism is not "
                               "supported for gamma_moe yet; use tensor_parallel_degree = 1")
-    if p.tensor_parallel_degree > 1 and getattr(args, "attention", "mha") == "mla":
-        raise ConfigError("parallelism.tensor_parallel_degree > 1 is not supported with MLA yet "
-                          "(model_args.attention = \"mla\"); use FSDP and expert_parallel_degree")
     non_dp = p.tensor_parallel_degree * p.context_parallel_degree * p.data_parallel_replicate_degree
     shard = p.data_parallel_shard_degree
     if shard == -1:

@@ -54,8 +54,8 @@ CASES = {
     "MoE key on a dense model": ("[model_args]\ntop_k = 2\n", [], "model_args.top_k"),
     "gate unknown to MLA": ("", ["--model.name", "gamma_moe", "--model.flavor", "debug_mla",
                                  "--gamma.attention_gate", "channelwise"], "attention-gate"),
-    "TP with MLA": ("", ["--model.name", "gamma_moe", "--model.flavor", "debug_mla",
-                         "--parallelism.tensor_parallel_degree", "2"], "tensor_parallel_degree"),
+    "TP not dividing MoE width": ("", ["--model.name", "gamma_moe", "--model_args.moe_hidden_dim", "129",
+                                       "--parallelism.tensor_parallel_degree", "2"], "moe_hidden_dim"),
     "tp does not divide world": ("", ["--parallelism.tensor_parallel_degree", "3"], "world size"),
 }
 

@@ -17,15 +17,16 @@ LAYOUTS = {  # global batch 4 everywhere
     "ep2": (2, 2, ("--parallelism.expert_parallel_degree", "2")),
     "tp2": (2, 4, ("--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1")),
 }
-TP_WIRED = {"mha"}  # TP with MLA is refused by the pre-flight checks for now
+# rtol 2e-5: matched layouts agree to ~5e-7 here; a missing gradient all-reduce (e.g. of
+# MLA's head-shared rotary key under TP) showed up as 7e-5 by step 5, inside the 1e-4
+# that the issue asks for.
+RTOL = 2e-5
 
 
 @pytest.fixture(scope="module", params=["mha", "mla"])
 def losses(request, tmp_path_factory, builtin_assets):
     out = {"attention": request.param}
     for layout, (nproc, batch, extra) in LAYOUTS.items():
-        if layout == "tp2" and request.param not in TP_WIRED:
-            continue
         dump = tmp_path_factory.mktemp(f"{request.param}-{layout}")
         run_trainer(dump, "--training.steps", "5", "--training.local_batch_size", str(batch),
                     *QUIET, *DETERMINISTIC, *extra, nproc=nproc, config=CONFIGS[request.param])
@@ -35,10 +36,8 @@ def losses(request, tmp_path_factory, builtin_assets):
 
 @pytest.mark.parametrize("layout", ["fsdp2", "ep2", "tp2"])
 def test_losses_match_single_process(losses, layout):
-    if layout not in losses:
-        pytest.skip(f"tensor parallelism is not wired for {losses['attention']} yet")
     assert len(losses["single"]) == 5 and losses["single"][-1] < losses["single"][0]
-    torch.testing.assert_close(torch.tensor(losses[layout]), torch.tensor(losses["single"]), rtol=1e-4, atol=0)
+    torch.testing.assert_close(torch.tensor(losses[layout]), torch.tensor(losses["single"]), rtol=RTOL, atol=0)
 
 
 @pytest.mark.parametrize("attention", ["mha", "mla"])

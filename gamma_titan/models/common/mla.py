@@ -12,6 +12,7 @@ layer, so the γ rule gives it the std of its own d_in.
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor, Partial, Replicate
 from torchtitan.models.attention import ScaledDotProductAttentionWrapper
 
 from .attention import ATTENTION_GATES
@@ -43,6 +44,18 @@ class GatedMLA(nn.Module):
             self.gate_width = v_head_dim if gate == "elementwise" else 1
             self.gate_proj = nn.Linear(dim, n_heads * self.gate_width, bias=False)
         self.sdpa = ScaledDotProductAttentionWrapper()
+        # Set by the tensor-parallel plan: every rank holds a slice of the heads, but the
+        # rotary key is shared by all heads, so its gradient must be summed over ranks.
+        self.tp_mesh = None
+
+    def _shared_by_all_heads(self, t: torch.Tensor) -> torch.Tensor:
+        """Identity forward; under TP, all-reduce the gradient in backward (each rank
+        only sees its own heads' part of it)."""
+        if self.tp_mesh is None:
+            return t
+        return DTensor.from_local(t, self.tp_mesh, [Replicate()], run_check=False).to_local(
+            grad_placements=[Partial()]
+        )
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         bs, seqlen, _ = x.shape
@@ -52,7 +65,7 @@ class GatedMLA(nn.Module):
         q = torch.cat([q_nope, apply_rope(q_rope, rope)], dim=-1)
 
         latent, k_rope = self.wkv_a(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
-        k_rope = apply_rope(k_rope.unsqueeze(2), rope)  # one rotary key for all heads
+        k_rope = self._shared_by_all_heads(apply_rope(k_rope.unsqueeze(2), rope))  # one for all heads
         kv = self.wkv_b(self.kv_norm(latent)).view(bs, seqlen, -1, self.nope + self.v_dim)
         k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
         k = torch.cat([k_nope, k_rope.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)

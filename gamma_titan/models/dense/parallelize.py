@@ -19,7 +19,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 from torchtitan.config import TORCH_DTYPE_MAP
-from torchtitan.distributed import ParallelDims
+from torchtitan.distributed import NoParallel, ParallelDims
 from torchtitan.distributed.activation_checkpoint import apply_ac
 from torchtitan.distributed.tensor_parallel import maybe_enable_async_tp
 from torchtitan.models.llama3.infra.parallelize import (
@@ -30,6 +30,8 @@ from torchtitan.models.llama3.infra.parallelize import (
 )
 from torchtitan.tools.logging import logger
 from torchtitan.tools.utils import device_type
+
+from gamma_titan.models.common.mla import GatedMLA
 
 
 def parallelize_dense(model: nn.Module, parallel_dims: ParallelDims, job_config) -> nn.Module:
@@ -111,15 +113,11 @@ def apply_tp(model: nn.Module, tp_mesh, loss_parallel: bool, float8_tensorwise: 
     for block in model.layers.values():
         plan = {
             "attention_norm": SequenceParallel(),
-            "attention": prepare_input(
-                input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
-            ),
-            "attention.wq": colwise(),
-            "attention.wk": colwise(),
-            "attention.wv": colwise(),
-            "attention.wo": rowwise(output_layouts=Shard(1)),
+            **attention_tp_plan(block.attention, colwise, rowwise, prepare_input),
             "ffn_norm": SequenceParallel(),
         }
+        if isinstance(block.attention, GatedMLA):
+            block.attention.tp_mesh = tp_mesh
         if hasattr(block, "feed_forward"):  # MoE layers are planned by parallelize_moe
             plan |= {
                 "feed_forward": prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
@@ -127,10 +125,36 @@ def apply_tp(model: nn.Module, tp_mesh, loss_parallel: bool, float8_tensorwise: 
                 "feed_forward.w2": rowwise(output_layouts=Shard(1)),
                 "feed_forward.w3": colwise(),
             }
-        if hasattr(block.attention, "gate_proj"):
-            plan["attention.gate_proj"] = colwise()
         parallelize_module(block, tp_mesh, plan)
     logger.info(f"Applied {'Float8 tensorwise ' if float8_tensorwise else ''}tensor parallelism")
+
+
+def attention_tp_plan(attention: nn.Module, colwise, rowwise, prepare_input) -> dict:
+    """Heads split across TP ranks: the projections into heads (and the gate) are
+    column-parallel, the output projection row-parallel, and the attention runs on local
+    tensors. In MLA the low-rank down-projections and their norms are replicated
+    (NoParallel keeps their weights as replicated DTensors, so their gradients are
+    complete on every rank); the up-projections into heads are column-parallel."""
+    plan = {"attention.wo": rowwise(output_layouts=Shard(1))}
+    if hasattr(attention, "gate_proj"):
+        plan["attention.gate_proj"] = colwise()
+    if not isinstance(attention, GatedMLA):
+        return plan | {
+            "attention": prepare_input(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
+            "attention.wq": colwise(),
+            "attention.wk": colwise(),
+            "attention.wv": colwise(),
+        }
+    plan |= {
+        "attention": prepare_input(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None),
+                                   use_local_output=True),
+        "attention.wkv_a": NoParallel(),
+        "attention.kv_norm": NoParallel(),
+        "attention.wkv_b": colwise(),
+    }
+    if hasattr(attention, "wq"):
+        return plan | {"attention.wq": colwise()}
+    return plan | {"attention.wq_a": NoParallel(), "attention.q_norm": NoParallel(), "attention.wq_b": colwise()}
 
 
 def check_tp_shapes(args, tp: int) -> None:

@@ -4,9 +4,10 @@ gamma_moe.
 The order is TorchTitan's: TP → EP → AC → compile (per block) → FSDP. Routed experts are
 sharded by expert over the `ep` mesh (which TorchTitan's ParallelDims carves out of the
 data-parallel ranks) with all-to-all token dispatch; everything else is FSDP-sharded as
-in the dense model, the experts over the remaining `efsdp` ranks. TP covers MHA
-attention, the shared experts and the routed experts' hidden dimension; TP with MLA, and
-TP together with EP, are refused by the pre-flight checks for now.
+in the dense model, the experts over the remaining `efsdp` ranks. TP covers the attention
+(MHA or MLA, models/dense/parallelize.attention_tp_plan), the shared experts and the
+routed experts' hidden dimension; TP together with EP is refused by the pre-flight
+checks for now.
 """
 
 from __future__ import annotations
