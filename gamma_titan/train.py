@@ -55,6 +55,7 @@ def check_parallelism(config, world_size: int, args) -> None:
         if p.tensor_parallel_degree > 1 or p.expert_tensor_parallel_degree > 1:
             raise ConfigError("parallelism.expert_parallel_degree > 1 with tensor parallelism is not "
                               "supported for gamma_moe yet; use tensor_parallel_degree = 1")
+    check_tp_shapes(args, p.tensor_parallel_degree)
     non_dp = p.tensor_parallel_degree * p.context_parallel_degree * p.data_parallel_replicate_degree
     shard = p.data_parallel_shard_degree
     if shard == -1:
@@ -72,7 +73,6 @@ def check_parallelism(config, world_size: int, args) -> None:
     if ep > 1 and (dp_shard * p.context_parallel_degree) % ep:
         raise ConfigError(f"parallelism.expert_parallel_degree = {ep} must divide the data-parallel "
                           f"shard degree ({dp_shard}) x context parallel degree")
-    check_tp_shapes(args, p.tensor_parallel_degree)
     divisor = p.tensor_parallel_degree * (2 * p.context_parallel_degree if p.context_parallel_degree > 1 else 1)
     if config.training.seq_len % divisor:
         raise ConfigError(f"training.seq_len = {config.training.seq_len} must be divisible by {divisor} "

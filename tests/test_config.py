@@ -56,7 +56,8 @@ CASES = {
                                  "--gamma.attention_gate", "channelwise"], "attention-gate"),
     "TP not dividing MoE width": ("", ["--model.name", "gamma_moe", "--model_args.moe_hidden_dim", "129",
                                        "--parallelism.tensor_parallel_degree", "2"], "moe_hidden_dim"),
-    "tp does not divide world": ("", ["--parallelism.tensor_parallel_degree", "3"], "world size"),
+    "tp does not divide world": ("", ["--parallelism.tensor_parallel_degree", "2"], "world size"),
+    "tp does not divide heads": ("", ["--parallelism.tensor_parallel_degree", "3"], "model_args.n_heads"),
 }
 
 
