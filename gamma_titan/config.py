@@ -85,6 +85,7 @@ class ModelArgsOverrides:
     route_norm: bool | None = None
     route_scale: float | None = None
     load_balance_coeff: float | None = None
+    aux_loss_coeff: float | None = None
 
 
 @dataclass

@@ -135,3 +135,44 @@ def test_bad_shapes_name_their_key(shape, key):
         setattr(args, k, v)
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         args.check()
+
+
+def test_balance_loss_is_one_when_balanced_and_larger_when_not():
+    from gamma_titan.models.common.moe import balance_loss
+
+    scores = torch.full((8, 4), 0.5)
+    assert balance_loss(scores, torch.tensor([4, 4, 4, 4]), top_k=2).item() == pytest.approx(1.0)
+    skewed = torch.tensor([[0.9, 0.9, 0.1, 0.1]]).repeat(8, 1)
+    # f = (1/2, 1/2, 0, 0), P = (0.45, 0.45, 0.05, 0.05): 4 · (0.5·0.45 + 0.5·0.45) = 1.8
+    assert balance_loss(skewed, torch.tensor([8, 8, 0, 0]), top_k=2).item() == pytest.approx(1.8)
+
+
+def test_aux_loss_enters_the_router_gradient_only():
+    from gamma_titan.models.common.moe import MoELayer, balance_loss
+    from gamma_titan.models.moe.args import MoEModelArgs
+
+    margs = MoEModelArgs(dim=32, n_routed_experts=4, top_k=2, moe_hidden_dim=16, n_shared_experts=1,
+                         load_balance_coeff=None).moe_args()
+    torch.manual_seed(0)
+    plain = MoELayer(margs, 32, 16, aux_loss_coeff=0.0)
+    for p in plain.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    with_aux = MoELayer(margs, 32, 16, aux_loss_coeff=0.1)
+    with_aux.load_state_dict(plain.state_dict())
+    with_aux.aux_loss_weight = 0.5
+    x = torch.randn(2, 6, 32)
+    out_plain, out_aux = plain(x), with_aux(x)
+    assert torch.equal(out_plain, out_aux)  # the forward output is untouched
+    out_plain.sum().backward()
+    out_aux.sum().backward()
+    # Reference: d(0.5 · 0.1 · balance_loss)/dW_router, written out from the router's scores.
+    w = plain.router.gate.weight.detach().clone().requires_grad_()
+    scores = torch.sigmoid(x.reshape(-1, 32) @ w.T)
+    _, idx = torch.topk(scores.detach(), 2, dim=-1)
+    counts = torch.stack([(idx == e).sum() for e in range(4)])
+    (0.5 * 0.1 * balance_loss(scores, counts, 2)).backward()
+    torch.testing.assert_close(with_aux.router.gate.weight.grad - plain.router.gate.weight.grad, w.grad)
+    assert with_aux.last_aux_loss.item() > 0
+    for (name, a), (_, b) in zip(plain.named_parameters(), with_aux.named_parameters()):
+        if "router" not in name:
+            assert torch.equal(a.grad, b.grad), name

@@ -43,9 +43,14 @@ def test_losses_match_single_process(losses, layout):
 @pytest.mark.parametrize("attention", ["mha", "mla"])
 def test_thirty_steps_train_and_log_expert_load(tmp_path, attention, builtin_assets):
     dump = tmp_path / "run"
+    aux = ("--model_args.aux_loss_coeff", "0.01") if attention == "mla" else ()  # the optional aux loss
     run_trainer(dump, "--training.steps", "30", "--metrics.log_freq", "10", "--validation.enable", "false",
-                config=CONFIGS[attention])
+                *aux, config=CONFIGS[attention])
     records = read_metrics(dump)
+    if aux:  # α·E·Σ f·P ≈ α near balance, > α when skewed
+        assert all(0.009 < r["moe/aux_loss"] < 0.04 for r in records)
+    else:
+        assert all("moe/aux_loss" not in r for r in records)
     assert [r["step"] for r in records] == [1, 10, 20, 30]
     assert records[-1]["loss"] < records[0]["loss"] - 1.0
     for r in records:

@@ -10,6 +10,10 @@ Routing is token-choice top-k over sigmoid (or softmax) scores. Load balancing i
 auxiliary-loss-free kind: a per-expert bias, added to the scores only to choose experts,
 is nudged after each optimizer step towards an even load (TorchTitan's
 `build_optimizers_with_moe_load_balancing`, `load_balance_coeff` its step size).
+Optionally an auxiliary balance loss α·E·Σ_i f_i·P_i is added as well (f_i: share of the
+routed slots that go to expert i, P_i: its mean normalised score; 1·α when perfectly
+balanced). It enters through the gradient only (`AuxLossGrad`), so the logged training
+loss stays the language-model loss; its value is logged as `moe/aux_loss`.
 """
 
 from __future__ import annotations
@@ -28,10 +32,33 @@ def tokens_per_expert(expert_indices: torch.Tensor, num_experts: int) -> torch.T
     return counts.scatter_add_(0, flat, torch.ones_like(flat))
 
 
+def balance_loss(scores: torch.Tensor, counts: torch.Tensor, top_k: int) -> torch.Tensor:
+    """E·Σ_i f_i·P_i over the tokens of one micro-batch (Switch / DeepSeek style)."""
+    num_experts = scores.shape[-1]
+    share = counts.float() / (scores.shape[0] * top_k)  # f_i, sums to 1
+    mean_score = (scores / scores.sum(dim=-1, keepdim=True)).mean(dim=0)  # P_i, sums to 1
+    return num_experts * (share * mean_score).sum()
+
+
+class AuxLossGrad(torch.autograd.Function):
+    """Forward: `x` unchanged. Backward: also send gradient 1 into `aux` (a scalar that
+    hangs off the router), i.e. train on loss + aux without adding it to the output."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
+        return x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, torch.ones((), dtype=torch.float32, device=grad.device)
+
+
 class TokenChoiceRouter(nn.Module):
     def __init__(self, dim: int, num_experts: int, top_k: int, score_func: str,
-                 route_norm: bool, route_scale: float):
+                 route_norm: bool, route_scale: float, aux_loss_coeff: float = 0.0):
         super().__init__()
+        self.aux_loss_coeff = aux_loss_coeff
+        self.aux_loss: torch.Tensor | None = None  # of the last forward, with its graph
         self.gate = nn.Linear(dim, num_experts, bias=False)
         self.num_experts, self.top_k = num_experts, top_k
         self.score_func, self.route_norm, self.route_scale = score_func, route_norm, route_scale
@@ -55,6 +82,8 @@ class TokenChoiceRouter(nn.Module):
         counts = tokens_per_expert(indices, self.num_experts)
         with torch.no_grad():
             self.load += counts
+        if self.aux_loss_coeff > 0 and torch.is_grad_enabled():
+            self.aux_loss = self.aux_loss_coeff * balance_loss(scores, counts, self.top_k)
         return top * self.route_scale, indices, counts
 
 
@@ -95,17 +124,36 @@ def moe_load_metrics(model_parts: list[nn.Module], batch_group=None) -> dict[str
         metrics[f"moe/load_min_over_mean/layer_{layer}"] = (load.min() / mean).item()
         router.load.zero_()
     metrics["moe/load_max_over_mean"] = max(v for k, v in metrics.items() if "load_max" in k)
+    aux = [m.last_aux_loss for part in model_parts for m in part.modules()
+           if isinstance(m, MoELayer) and getattr(m, "last_aux_loss", None) is not None]
+    if aux:  # the last micro-batch's, mean over layers, on this rank
+        metrics["moe/aux_loss"] = torch.stack(aux).mean().item()
     return metrics
 
 
 class MoELayer(MoE):
-    def __init__(self, moe_args: MoEArgs, dim: int, hidden_dim: int):
+    def __init__(self, moe_args: MoEArgs, dim: int, hidden_dim: int, aux_loss_coeff: float = 0.0):
         super().__init__(moe_args, dim=dim, hidden_dim=hidden_dim)
         self.router = TokenChoiceRouter(
             dim, moe_args.num_experts, moe_args.top_k, moe_args.score_func,
-            moe_args.route_norm, moe_args.route_scale,
+            moe_args.route_norm, moe_args.route_scale, aux_loss_coeff,
         )
         self.reorderer = TokenReorderer(moe_args.num_experts, moe_args.top_k)
+        # The LM loss is a sum over tokens / the global token count (TorchTitan), so a
+        # per-micro-batch mean aux loss is weighted by this micro-batch's share of the
+        # global batch: 1 / (data-parallel degree x gradient-accumulation steps), set by
+        # parallelize_moe.
+        self.aux_loss_weight = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        if self.router.aux_loss_coeff == 0:
+            return out
+        aux, self.router.aux_loss = self.router.aux_loss, None
+        if aux is not None:  # None under no_grad (evaluation)
+            self.last_aux_loss = aux.detach()
+            out = AuxLossGrad.apply(out, aux * self.aux_loss_weight)
+        return out
 
     def reset_buffers(self, device) -> None:
         """Zero load counters and expert bias (see DecoderLM.init_weights)."""

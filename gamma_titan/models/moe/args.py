@@ -53,6 +53,7 @@ class MoEModelArgs(BaseModelArgs):
     route_norm: bool = True
     route_scale: float = 1.0
     load_balance_coeff: float | None = 1e-3  # aux-loss-free expert-bias step; None = off
+    aux_loss_coeff: float = 0.0  # α of the optional auxiliary balance loss; 0 = off
     # The paper's three knobs, set from [gamma].
     norm_eps: float = 1e-12
     attention_gate: str = "elementwise"
@@ -113,6 +114,8 @@ class MoEModelArgs(BaseModelArgs):
         if self.n_dense_layers >= self.n_layers:
             raise ConfigError(f"model_args.n_dense_layers = {self.n_dense_layers} leaves no MoE layer "
                               f"of model_args.n_layers = {self.n_layers}")
+        if not isinstance(self.aux_loss_coeff, (int, float)) or self.aux_loss_coeff < 0:
+            raise ConfigError(f"model_args.aux_loss_coeff = {self.aux_loss_coeff!r}: must be >= 0 (0 = off)")
         if self.load_balance_coeff is not None and not self.load_balance_coeff > 0:
             raise ConfigError(f"model_args.load_balance_coeff = {self.load_balance_coeff!r}: must be > 0 (or unset)")
         if self.attention == "mha":

@@ -27,7 +27,19 @@ from gamma_titan.models.dense.parallelize import apply_tp, force_sum_reductions
 from .expert_parallel import ExpertParallel
 
 
+def set_aux_loss_weight(model: nn.Module, parallel_dims: ParallelDims, job_config) -> None:
+    """Each micro-batch's share of the global batch (see MoELayer.aux_loss_weight)."""
+    t = job_config.training
+    dp = parallel_dims.dp_replicate * parallel_dims.dp_shard  # the ranks the LM loss is averaged over
+    global_batch = t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * dp
+    accumulation = global_batch // (t.local_batch_size * dp)
+    for block in model.layers.values():
+        if block.moe_enabled:
+            block.moe.aux_loss_weight = 1.0 / (dp * accumulation)
+
+
 def parallelize_moe(model: nn.Module, parallel_dims: ParallelDims, job_config) -> nn.Module:
+    set_aux_loss_weight(model, parallel_dims, job_config)
     if parallel_dims.tp_enabled:
         # Attention, norms, embedding, output and dense layers: the dense model's plan;
         # MoE layers: TorchTitan's (replicated router, column/row-parallel shared experts,
