@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from torch import nn
 from torchtitan.protocols.model import BaseModelArgs
 
-from gamma_titan.errors import ConfigError
 from gamma_titan.init import GammaInit
-from gamma_titan.models.common import ATTENTION_GATES
+from gamma_titan.models.common.checks import check_gate_and_rope, check_heads, check_positive_ints
 
 
 @dataclass
@@ -46,31 +45,9 @@ class DenseModelArgs(BaseModelArgs):
 
     def check(self) -> None:
         """Raise ConfigError (naming the [model_args] key) for a shape that cannot work."""
-        for key in ("dim", "n_layers", "n_heads", "ffn_hidden_dim", "vocab_size", "max_seq_len"):
-            value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"model_args.{key} = {value!r}: must be a positive integer")
-        if self.dim % self.n_heads:
-            raise ConfigError(
-                f"model_args.n_heads = {self.n_heads} does not divide model_args.dim = {self.dim}"
-            )
-        if self.head_dim % 2:
-            raise ConfigError(
-                f"model_args.dim / model_args.n_heads = {self.head_dim}: the head dim must be "
-                "even for rotary embeddings"
-            )
-        kv = self.kv_heads
-        if not isinstance(kv, int) or kv <= 0 or self.n_heads % kv:
-            raise ConfigError(
-                f"model_args.n_kv_heads = {self.n_kv_heads!r} must be a positive divisor of "
-                f"model_args.n_heads = {self.n_heads}"
-            )
-        if self.attention_gate not in ATTENTION_GATES:
-            raise ConfigError(
-                f"gamma.attention_gate = {self.attention_gate!r}: allowed {', '.join(ATTENTION_GATES)}"
-            )
-        if self.rope_theta <= 0:
-            raise ConfigError(f"model_args.rope_theta = {self.rope_theta!r}: must be > 0")
+        check_positive_ints(self, ("dim", "n_layers", "n_heads", "ffn_hidden_dim", "vocab_size", "max_seq_len"))
+        check_heads(self)
+        check_gate_and_rope(self)
 
     def update_from_config(self, job_config, **kwargs) -> None:
         """Called by TorchTitan's Trainer: apply [model_args] and [gamma] to this flavor."""

@@ -19,7 +19,7 @@ from torchtitan.protocols.model import BaseModelArgs
 
 from gamma_titan.errors import ConfigError
 from gamma_titan.init import GammaInit
-from gamma_titan.models.common import ATTENTION_GATES
+from gamma_titan.models.common.checks import check_gate_and_rope, check_heads, check_positive_ints
 from gamma_titan.models.dense.args import Flavors
 
 ATTENTION_KINDS = ("mha", "mla")
@@ -92,20 +92,14 @@ class MoEModelArgs(BaseModelArgs):
                     "n_routed_experts", "top_k", "ffn_hidden_dim"]
         if self.attention == "mla":
             positive += ["kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"]
-        for key in positive:
-            value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"model_args.{key} = {value!r}: must be a positive integer")
+        check_positive_ints(self, positive)
         for key in ("n_dense_layers", "n_shared_experts", "q_lora_rank"):
             value = getattr(self, key)
             if not isinstance(value, int) or value < 0:
                 raise ConfigError(f"model_args.{key} = {value!r}: must be an integer >= 0")
         if self.attention not in ATTENTION_KINDS:
             raise ConfigError(f"model_args.attention = {self.attention!r}: allowed {', '.join(ATTENTION_KINDS)}")
-        if self.attention_gate not in ATTENTION_GATES:
-            raise ConfigError(
-                f"gamma.attention_gate = {self.attention_gate!r}: allowed {', '.join(ATTENTION_GATES)}"
-            )
+        check_gate_and_rope(self)
         if self.score_func not in SCORE_FUNCS:
             raise ConfigError(f"model_args.score_func = {self.score_func!r}: allowed {', '.join(SCORE_FUNCS)}")
         if self.top_k > self.n_routed_experts:
@@ -119,23 +113,17 @@ class MoEModelArgs(BaseModelArgs):
         if self.load_balance_coeff is not None and not self.load_balance_coeff > 0:
             raise ConfigError(f"model_args.load_balance_coeff = {self.load_balance_coeff!r}: must be > 0 (or unset)")
         if self.attention == "mha":
-            if self.dim % self.n_heads:
-                raise ConfigError(f"model_args.n_heads = {self.n_heads} does not divide model_args.dim = {self.dim}")
-            if self.head_dim % 2:
-                raise ConfigError(f"model_args.dim / model_args.n_heads = {self.head_dim}: must be even (rotary)")
-            if not isinstance(self.kv_heads, int) or self.kv_heads <= 0 or self.n_heads % self.kv_heads:
-                raise ConfigError(f"model_args.n_kv_heads = {self.n_kv_heads!r} must be a positive divisor of "
-                                  f"model_args.n_heads = {self.n_heads}")
-        else:
-            if self.n_kv_heads is not None:
-                raise ConfigError("model_args.n_kv_heads does not apply to MLA (attention = \"mla\")")
-            if self.qk_rope_head_dim % 2:
-                raise ConfigError(f"model_args.qk_rope_head_dim = {self.qk_rope_head_dim}: must be even (rotary)")
-            if self.kv_lora_rank >= self.dim or self.q_lora_rank >= self.dim:
-                raise ConfigError(
-                    f"MLA ranks must compress: model_args.kv_lora_rank = {self.kv_lora_rank} and "
-                    f"model_args.q_lora_rank = {self.q_lora_rank} must be < model_args.dim = {self.dim}"
-                )
+            check_heads(self)
+            return
+        if self.n_kv_heads is not None:
+            raise ConfigError("model_args.n_kv_heads does not apply to MLA (attention = \"mla\")")
+        if self.qk_rope_head_dim % 2:
+            raise ConfigError(f"model_args.qk_rope_head_dim = {self.qk_rope_head_dim}: must be even (rotary)")
+        if self.kv_lora_rank >= self.dim or self.q_lora_rank >= self.dim:
+            raise ConfigError(
+                f"MLA ranks must compress: model_args.kv_lora_rank = {self.kv_lora_rank} and "
+                f"model_args.q_lora_rank = {self.q_lora_rank} must be < model_args.dim = {self.dim}"
+            )
 
     def update_from_config(self, job_config, **kwargs) -> None:
         from gamma_titan.config import apply_to_model_args

@@ -1,0 +1,37 @@
+"""Shape checks every model family shares; each raises a one-line ConfigError that names
+the [model_args] (or [gamma]) key."""
+
+from gamma_titan.errors import ConfigError
+
+from .attention import ATTENTION_GATES
+
+
+def check_positive_ints(args, keys) -> None:
+    for key in keys:
+        value = getattr(args, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ConfigError(f"model_args.{key} = {value!r}: must be a positive integer")
+
+
+def check_heads(args) -> None:
+    """Multi-head / grouped-query attention: heads divide the width, even head dim."""
+    if args.dim % args.n_heads:
+        raise ConfigError(f"model_args.n_heads = {args.n_heads} does not divide model_args.dim = {args.dim}")
+    if args.head_dim % 2:
+        raise ConfigError(
+            f"model_args.dim / model_args.n_heads = {args.head_dim}: the head dim must be even "
+            "for rotary embeddings"
+        )
+    kv = args.kv_heads
+    if not isinstance(kv, int) or kv <= 0 or args.n_heads % kv:
+        raise ConfigError(
+            f"model_args.n_kv_heads = {args.n_kv_heads!r} must be a positive divisor of "
+            f"model_args.n_heads = {args.n_heads}"
+        )
+
+
+def check_gate_and_rope(args) -> None:
+    if args.attention_gate not in ATTENTION_GATES:
+        raise ConfigError(f"gamma.attention_gate = {args.attention_gate!r}: allowed {', '.join(ATTENTION_GATES)}")
+    if not args.rope_theta > 0:
+        raise ConfigError(f"model_args.rope_theta = {args.rope_theta!r}: must be > 0")
