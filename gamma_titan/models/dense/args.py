@@ -17,11 +17,11 @@ from torch import nn
 from torchtitan.protocols.model import BaseModelArgs
 
 from gamma_titan.init import GammaInit
-from gamma_titan.models.common.checks import check_gate_and_rope, check_heads, check_positive_ints
+from gamma_titan.models.common.shapes import HeadShape, check_gate_and_rope, check_heads, check_positive_ints
 
 
 @dataclass
-class DenseModelArgs(BaseModelArgs):
+class DenseModelArgs(HeadShape, BaseModelArgs):
     dim: int = 768
     n_layers: int = 12
     n_heads: int = 12
@@ -34,14 +34,6 @@ class DenseModelArgs(BaseModelArgs):
     norm_eps: float = 1e-12
     attention_gate: str = "elementwise"
     init: GammaInit = field(default_factory=GammaInit)
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
-
-    @property
-    def kv_heads(self) -> int:
-        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
 
     def check(self) -> None:
         """Raise ConfigError (naming the [model_args] key) for a shape that cannot work."""

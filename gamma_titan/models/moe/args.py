@@ -19,7 +19,7 @@ from torchtitan.protocols.model import BaseModelArgs
 
 from gamma_titan.errors import ConfigError
 from gamma_titan.init import GammaInit
-from gamma_titan.models.common.checks import check_gate_and_rope, check_heads, check_positive_ints
+from gamma_titan.models.common.shapes import HeadShape, check_gate_and_rope, check_heads, check_positive_ints
 from gamma_titan.models.dense.args import Flavors
 
 ATTENTION_KINDS = ("mha", "mla")
@@ -27,7 +27,7 @@ SCORE_FUNCS = ("sigmoid", "softmax")
 
 
 @dataclass
-class MoEModelArgs(BaseModelArgs):
+class MoEModelArgs(HeadShape, BaseModelArgs):
     dim: int = 1024
     n_layers: int = 13
     n_heads: int = 16
@@ -60,14 +60,6 @@ class MoEModelArgs(BaseModelArgs):
     init: GammaInit = field(default_factory=GammaInit)
 
     # --- derived --------------------------------------------------------------------
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
-
-    @property
-    def kv_heads(self) -> int:
-        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
 
     @property
     def rope_dim(self) -> int:

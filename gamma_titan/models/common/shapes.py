@@ -1,9 +1,22 @@
-"""Shape checks every model family shares; each raises a one-line ConfigError that names
-the [model_args] (or [gamma]) key."""
+"""Shape rules every model family shares: the derived head sizes, and checks that each
+raise a one-line ConfigError naming the [model_args] (or [gamma]) key."""
 
 from gamma_titan.errors import ConfigError
 
 from .attention import ATTENTION_GATES
+
+
+class HeadShape:
+    """Derived sizes of (grouped-query) multi-head attention, for args dataclasses with
+    `dim`, `n_heads` and `n_kv_heads` (None: as many KV heads as query heads)."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
 
 
 def check_positive_ints(args, keys) -> None:
