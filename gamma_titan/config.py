@@ -30,6 +30,7 @@ from gamma_titan.models.common import ATTENTION_GATES
 
 CONFIG_MODULE = "gamma_titan.config"
 MAX_INIT_RATE = 4.0
+FLOAT8_LINEAR = "quantize.linear.float8"  # TorchTitan's model.converters name for float8 linears
 
 
 @dataclass

@@ -11,15 +11,13 @@ import os
 import sys
 
 import gamma_titan  # noqa: F401  (CPU platform shims and TrainSpec registration first)
-from gamma_titan.config import load_job_config
+from gamma_titan.config import FLOAT8_LINEAR, load_job_config
 from gamma_titan.errors import ConfigError
 from gamma_titan.inspect_model import format_report, inspect_model, resolve_model
 
 #: Above this many parameters the startup summary skips the measured part (it draws
 #: every weight once more on the CPU); `gamma-titan inspect` always measures.
 STARTUP_MEASURE_MAX_PARAMS = 2_000_000_000
-
-FLOAT8_LINEAR = "quantize.linear.float8"  # TorchTitan's converter name for float8 linears
 
 
 def _world_size() -> int:

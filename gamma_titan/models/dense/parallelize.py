@@ -31,12 +31,13 @@ from torchtitan.models.llama3.infra.parallelize import (
 from torchtitan.tools.logging import logger
 from torchtitan.tools.utils import device_type
 
+from gamma_titan.config import FLOAT8_LINEAR
 from gamma_titan.models.common.mla import GatedMLA
 
 
 def parallelize_dense(model: nn.Module, parallel_dims: ParallelDims, job_config) -> nn.Module:
     if parallel_dims.tp_enabled:
-        float8 = "quantize.linear.float8" in job_config.model.converters
+        float8 = FLOAT8_LINEAR in job_config.model.converters
         rowwise_recipe = job_config.quantize.linear.float8.recipe_name in ("rowwise", "rowwise_with_gw_hp")
         apply_tp(
             model,
