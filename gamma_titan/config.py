@@ -46,6 +46,22 @@ class InitRateOverrides:
 
 
 @dataclass
+class Diagnostics:
+    """The paper's instruments, logged live as gamma/* (see gamma_titan/diagnostics)."""
+
+    enable: bool = False
+    """Measure at step 1 and every `freq` steps; false switches all of it off."""
+    freq: int = 100
+    """Steps between measurements (row-cosine maps: every 10 x freq)."""
+    probe_batch: int = 4
+    """Sequences in the fixed probe batch (the first of the validation dataset)."""
+    cosine_rows: int = 256
+    """Rows of each matrix in a row-cosine map (the first ones)."""
+    cosine_params: list[str] = field(default_factory=list)
+    """Weights to draw row-cosine maps of; empty = wo and the first FFN w1 of the first and last block."""
+
+
+@dataclass
 class Gamma:
     init_rate: float = 1.0
     """γ: every weight matrix W ~ N(0, d_in^(-2γ)). 0.5 = standard scale, 1 = the paper's balance point."""
@@ -56,6 +72,7 @@ class Gamma:
     init_truncation: float = 0.0
     """Truncate the init normal at ± this many σ; 0 draws a plain normal, as in the paper."""
     init_rate_overrides: InitRateOverrides = field(default_factory=InitRateOverrides)
+    diagnostics: Diagnostics = field(default_factory=Diagnostics)
 
 
 @dataclass
@@ -123,6 +140,18 @@ def check_gamma(gamma: Gamma) -> None:
         value = getattr(gamma.init_rate_overrides, group)
         if value is not None:
             _check_init_rate(f"gamma.init_rate_overrides.{group}", value)
+    _check_diagnostics(gamma.diagnostics)
+
+
+def _check_diagnostics(d: Diagnostics) -> None:
+    if not isinstance(d.enable, bool):
+        raise ConfigError(f"gamma.diagnostics.enable = {d.enable!r}: must be true or false")
+    for key, low in (("freq", 1), ("probe_batch", 1), ("cosine_rows", 2)):
+        value = getattr(d, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ConfigError(f"gamma.diagnostics.{key} = {value!r}: must be an integer >= {low}")
+    if not isinstance(d.cosine_params, list) or not all(isinstance(n, str) for n in d.cosine_params):
+        raise ConfigError(f"gamma.diagnostics.cosine_params = {d.cosine_params!r}: must be a list of weight names")
 
 
 def apply_to_model_args(args, job_config) -> None:
@@ -274,7 +303,8 @@ def load_job_config(argv: list[str]):
     if "gamma" in toml:  # check values before tyro sees (and warns about) them
         raw = dict(toml["gamma"])
         overrides = InitRateOverrides(**raw.pop("init_rate_overrides", {}))
-        check_gamma(Gamma(**raw, init_rate_overrides=overrides))
+        diagnostics = Diagnostics(**raw.pop("diagnostics", {}))
+        check_gamma(Gamma(**raw, init_rate_overrides=overrides, diagnostics=diagnostics))
     config = _parse_quietly(_normalise_cli(merged, argv))
     check_gamma(config.gamma)
     return config

@@ -16,7 +16,10 @@ import time
 from typing import Any
 
 import torch
-from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsProcessor
+from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsProcessor, TensorBoardLogger
+from torchtitan.tools.logging import logger
+
+from gamma_titan.diagnostics.live import cosine_image, diagnostics_due
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -75,9 +78,52 @@ class GammaMetricsProcessor(MetricsProcessor):
         extra = {**(extra_metrics or {}), **moe_load_metrics(self.model_parts or [], group)}
         super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra)
 
-    def _validation_due(self, step: int) -> bool:
+    # --- diagnostics (gamma_titan/diagnostics) ------------------------------------------
+
+    @property
+    def _tensorboards(self) -> list[TensorBoardLogger]:
+        loggers = getattr(self._loggers, "_loggers", [])  # a bare BaseLogger when none is on
+        return [l for l in loggers if isinstance(l, TensorBoardLogger)]
+
+    @property
+    def has_image_logger(self) -> bool:
+        """Whether row-cosine maps have somewhere to go (the same answer on every rank)."""
+        return self.job_config.metrics.enable_tensorboard
+
+    def log_diagnostics(self, step: int, metrics: dict[str, float], maps: dict[str, torch.Tensor]) -> None:
+        """gamma/* scalars into the step's line, TensorBoard and metrics.jsonl; row-cosine
+        maps as TensorBoard images."""
+        self.logger.log(metrics, step)
+        for tb in self._tensorboards:
+            for tag, similarity in maps.items():
+                tb.writer.add_image(tag, cosine_image(similarity), step, dataformats="HWC")
+        if torch.distributed.get_rank() == 0:
+            sinks = metrics.get("gamma/sink_score/mean")
+            logger.info(
+                f"diagnostics step {step}: sink score {sinks if sinks is None else round(sinks, 4)}, "
+                f"residual flow {metrics.get('gamma/residual_flow_ratio', float('nan')):.4g}, "
+                f"{len(metrics)} tags in {metrics.get('gamma/diagnostics_seconds', 0):.2f}s"
+            )
+
+    # --- one line per step --------------------------------------------------------------
+
+    def _stages_due(self, step: int) -> list[str]:
+        """What reports at a step, in the order the trainer reports it."""
         v = self.job_config.validation
-        return v.enable and (step == 1 or step % v.freq == 0)
+        due = {
+            "train": self.should_log(step),
+            "diagnostics": diagnostics_due(self.job_config.gamma.diagnostics, step),
+            "validation": v.enable and (step == 1 or step % v.freq == 0),
+        }
+        return [stage for stage, is_due in due.items() if is_due]
+
+    @staticmethod
+    def _stage(metrics: dict[str, Any]) -> str:
+        if any(k.startswith("validation_metrics/") for k in metrics):
+            return "validation"
+        if any(k.startswith("gamma/") for k in metrics):
+            return "diagnostics"
+        return "train"
 
     def _emit(self, step: int, metrics: dict[str, Any]) -> None:
         if self._pending is not None and self._pending[0] != step:
@@ -86,8 +132,8 @@ class GammaMetricsProcessor(MetricsProcessor):
             self._pending = (step, dict(metrics))
         else:
             self._pending[1].update(metrics)
-        is_validation = any(k.startswith("validation_metrics/") for k in metrics)
-        if is_validation or not self._validation_due(step):
+        due = self._stages_due(step)
+        if not due or self._stage(metrics) == due[-1]:  # the step's last report: write the line
             self._flush()
 
     def _flush(self) -> None:

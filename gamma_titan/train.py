@@ -118,12 +118,34 @@ def check_data(config, args) -> None:
         )
 
 
+def check_diagnostics(config, spec, args) -> None:
+    """The probe batch's dataset and the weights named for row-cosine maps."""
+    from gamma_titan.data.datasets import check_dataset
+    from gamma_titan.diagnostics.live import weight_matrices
+
+    d = config.gamma.diagnostics
+    if not d.enable:
+        return
+    if not config.validation.enable:  # else check_data has checked it
+        check_dataset(config.validation.dataset, config.validation.dataset_path, "validation.dataset")
+    if d.cosine_params:
+        import torch
+
+        with torch.device("meta"):
+            matrices = [n for n, w in weight_matrices(spec.model_cls(args)).items() if w.ndim == 2]
+        for name in d.cosine_params:
+            if name not in matrices:
+                raise ConfigError(f"gamma.diagnostics.cosine_params: {name!r} is not a weight matrix of "
+                                  f"{config.model.name}; e.g. {', '.join(matrices[:4])}, ...")
+
+
 def preflight(config, world_size: int | None = None):
     """Every check that can run before training starts; returns (spec, model args)."""
     spec, args = resolve_model(config)
     check_training(config)
     check_parallelism(config, _world_size() if world_size is None else world_size, args)
     check_data(config, args)
+    check_diagnostics(config, spec, args)
     return spec, args
 
 
@@ -157,11 +179,11 @@ def run(config) -> None:
     """TorchTitan's `torchtitan.train.main`, with an already parsed and checked config."""
     import torch
     from torchtitan.tools.logging import logger
-    from torchtitan.train import Trainer
+    from gamma_titan.trainer import GammaTrainer
 
     trainer = None
     try:
-        trainer = Trainer(config)
+        trainer = GammaTrainer(config)
         if config.checkpoint.create_seed_checkpoint:
             if _world_size() != 1:
                 raise ConfigError("checkpoint.create_seed_checkpoint needs a single process")

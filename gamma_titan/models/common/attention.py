@@ -36,19 +36,25 @@ class GatedAttention(nn.Module):
         # TorchTitan's SDPA module (causal; the module form is what context parallel hooks).
         self.sdpa = ScaledDotProductAttentionWrapper()
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    def qkv(self, x: torch.Tensor, rope: torch.Tensor):
+        """Queries, keys (rotated) and values, each (bs, seqlen, heads, head_dim)."""
         bs, seqlen, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds a slice of the heads.
         q = self.wq(x).view(bs, seqlen, -1, self.head_dim)
         k = self.wk(x).view(bs, seqlen, -1, self.head_dim)
         v = self.wv(x).view(bs, seqlen, -1, self.head_dim)
-        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        return apply_rope(q, rope), apply_rope(k, rope), v
 
+    def gate_values(self, x: torch.Tensor) -> torch.Tensor:
+        """sigmoid(x W_g) as (bs, seqlen, heads, 1 or head_dim)."""
+        return torch.sigmoid(self.gate_proj(x)).view(*x.shape[:2], -1, self.gate_width)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        bs, seqlen, _ = x.shape
+        q, k, v = self.qkv(x, rope)
         out = self.sdpa(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=self.enable_gqa
         ).transpose(1, 2)  # (bs, seqlen, heads, head_dim)
-
         if self.gate != "none":
-            gate = torch.sigmoid(self.gate_proj(x)).view(bs, seqlen, -1, self.gate_width)
-            out = out * gate
+            out = out * self.gate_values(x)
         return self.wo(out.reshape(bs, seqlen, -1))

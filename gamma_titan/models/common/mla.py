@@ -57,7 +57,9 @@ class GatedMLA(nn.Module):
             grad_placements=[Partial()]
         )
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    def qkv(self, x: torch.Tensor, rope: torch.Tensor):
+        """Queries and keys (qk_dim per head, rotary part rotated) and values (v_head_dim
+        per head), each (bs, seqlen, heads, ·)."""
         bs, seqlen, _ = x.shape
         q = self.wq(x) if hasattr(self, "wq") else self.wq_b(self.q_norm(self.wq_a(x)))
         q = q.view(bs, seqlen, -1, self.qk_dim)  # -1: local heads under TP
@@ -69,9 +71,16 @@ class GatedMLA(nn.Module):
         kv = self.wkv_b(self.kv_norm(latent)).view(bs, seqlen, -1, self.nope + self.v_dim)
         k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
         k = torch.cat([k_nope, k_rope.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)
+        return q, k, v
 
+    def gate_values(self, x: torch.Tensor) -> torch.Tensor:
+        """sigmoid(x W_g) as (bs, seqlen, heads, 1 or v_head_dim)."""
+        return torch.sigmoid(self.gate_proj(x)).view(*x.shape[:2], -1, self.gate_width)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        bs, seqlen, _ = x.shape
+        q, k, v = self.qkv(x, rope)
         out = self.sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
         if self.gate != "none":
-            gate = torch.sigmoid(self.gate_proj(x)).view(bs, seqlen, -1, self.gate_width)
-            out = out * gate
+            out = out * self.gate_values(x)
         return self.wo(out.reshape(bs, seqlen, -1))

@@ -1,0 +1,149 @@
+"""The paper's instruments while a run is alive (`[gamma.diagnostics]`).
+
+At step 1 and every `freq` steps, after the optimizer step, `LiveDiagnostics.measure`:
+
+* runs one forward of a fixed probe batch (the first `probe_batch` sequences of the
+  validation split) in eval mode under no_grad, hooked by `ActivationProbe`: sink score,
+  residual flow, ε-dominated fractions, gate statistics;
+* computes the stable rank of every weight matrix (per expert stack: mean and min);
+* at step 1 and every 10·freq steps, row-cosine maps of a few chosen matrices.
+
+Training must not notice: the forward runs eagerly (compiled blocks are bypassed, so no
+recompilation), every model buffer (MoE load counters, expert bias) is restored
+afterwards, and the RNG state is forked, so a run with diagnostics has bitwise the same
+losses as one without. Every rank runs the probe (FSDP, TP and EP forwards are
+collectives) on the same batch, so results do not depend on the data-parallel degree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+
+import torch
+from torch import nn
+
+from gamma_titan.errors import ConfigError
+from gamma_titan.init import canonical_name
+
+from .probe import ActivationProbe
+from .spectral import StableRanks, leading_rows, row_cosine
+
+PREFIX = "gamma/"
+#: Row-cosine maps come every this many diagnostics intervals.
+COSINE_EVERY = 10
+
+
+def diagnostics_due(cfg, step: int) -> bool:
+    return cfg.enable and (step == 1 or step % cfg.freq == 0)
+
+
+def cosine_due(cfg, step: int) -> bool:
+    return cfg.enable and (step == 1 or step % (COSINE_EVERY * cfg.freq) == 0)
+
+
+def weight_matrices(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Canonical name -> every weight with two or more dimensions (3-D: expert stacks)."""
+    return {canonical_name(n): p for n, p in model.named_parameters() if p.ndim >= 2}
+
+
+def default_cosine_params(names: list[str], n_layers: int) -> list[str]:
+    """First and last block: the attention output projection and the first FFN input
+    projection (the dense FFN's, else the shared experts')."""
+    chosen = []
+    for layer in sorted({0, n_layers - 1}):
+        for candidates in (
+            [f"layers.{layer}.attention.wo.weight"],
+            [f"layers.{layer}.feed_forward.w1.weight", f"layers.{layer}.moe.shared_experts.w1.weight"],
+        ):
+            chosen += [c for c in candidates if c in names][:1]
+    return chosen
+
+
+def cosine_image(similarity: torch.Tensor) -> torch.Tensor:
+    """A (rows, rows) map in [-1, 1] as an RGB image (H, W, 3) uint8, red = +1, blue = −1."""
+    from matplotlib import colormaps
+
+    rgba = colormaps["RdBu_r"]((similarity.clamp(-1, 1).cpu().numpy() + 1) / 2)
+    return torch.from_numpy((rgba[..., :3] * 255).round().astype("uint8"))
+
+
+def build_probe_batch(job_config, tokenizer) -> torch.Tensor:
+    """The first `probe_batch` sequences (training seq_len) of the validation dataset, as
+    (probe_batch, seq_len) token ids; the same on every rank. Read without a DataLoader,
+    which would draw from the global RNG."""
+    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataset
+
+    v, n = job_config.validation, job_config.gamma.diagnostics.probe_batch
+    dataset = HuggingFaceTextDataset(
+        dataset_name=v.dataset, dataset_path=v.dataset_path, tokenizer=tokenizer,
+        seq_len=job_config.training.seq_len, dp_rank=0, dp_world_size=1, infinite=False,
+    )
+    rows = [sample["input"] for sample, _ in itertools.islice(dataset, n)]
+    if len(rows) < n:
+        raise ConfigError(f"gamma.diagnostics.probe_batch = {n}: validation.dataset {v.dataset!r} has only "
+                          f"{len(rows)} sequences of training.seq_len = {job_config.training.seq_len}")
+    return torch.stack(rows)
+
+
+class LiveDiagnostics:
+    def __init__(self, cfg, model: nn.Module, probe_tokens: torch.Tensor,
+                 tp_group=None, cosine_params: list[str] | None = None):
+        self.cfg, self.model, self.tokens, self.tp_group = cfg, model, probe_tokens, tp_group
+        self.stable_ranks = StableRanks()
+        matrices = [n for n, w in weight_matrices(model).items() if w.ndim == 2]
+        self.cosine_params = cosine_params or cfg.cosine_params or default_cosine_params(
+            matrices, model.model_args.n_layers)
+
+    # --- the three measurements --------------------------------------------------------
+
+    @torch.no_grad()
+    def activations(self) -> dict[str, float]:
+        model = self.model
+        was_training = model.training
+        saved = {name: b.clone() for name, b in model.named_buffers()}
+        device = self.tokens.device
+        rng_devices = [device] if device.type == "cuda" else []
+        try:
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(torch.random.fork_rng(devices=rng_devices))
+                stack.enter_context(torch.compiler.set_stance("force_eager"))
+                probe = stack.enter_context(ActivationProbe(model, self.tp_group))
+                model.eval()
+                model(self.tokens)
+        finally:
+            model.train(was_training)
+            for name, b in model.named_buffers():
+                b.copy_(saved[name])
+        return probe.metrics()
+
+    @torch.no_grad()
+    def weights(self) -> dict[str, float]:
+        out = {}
+        for name, weight in weight_matrices(self.model).items():
+            ranks = self.stable_ranks(name, weight)
+            if ranks.ndim == 0:
+                out[f"stable_rank/{name}"] = ranks.item()
+            else:  # an expert stack: one stable rank per expert
+                out[f"stable_rank/{name}/mean"] = ranks.mean().item()
+                out[f"stable_rank/{name}/min"] = ranks.min().item()
+        return out
+
+    @torch.no_grad()
+    def cosine_maps(self) -> dict[str, torch.Tensor]:
+        weights = weight_matrices(self.model)
+        return {f"{PREFIX}cosine/{name}": row_cosine(leading_rows(weights[name], self.cfg.cosine_rows))
+                for name in self.cosine_params}
+
+    # --- one call per due step -----------------------------------------------------
+
+    def measure(self, step: int, with_images: bool) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+        """Every rank must call this at the same steps (collectives). Returns scalar
+        metrics (tag -> value) and row-cosine maps (tag -> similarity matrix)."""
+        start = time.perf_counter()
+        metrics = {**self.activations(), **self.weights()}
+        maps = self.cosine_maps() if with_images and cosine_due(self.cfg, step) else {}
+        metrics = {PREFIX + k: v for k, v in metrics.items()}
+        metrics[PREFIX + "diagnostics_seconds"] = time.perf_counter() - start
+        return metrics, maps

@@ -1,0 +1,134 @@
+"""What one forward of the probe batch shows about the activations (paper §2.1, §2.4).
+
+`ActivationProbe` hooks a model for one forward and measures:
+
+* sink score per layer: attention mass on the first token (sink.py), from the layer's
+  own queries and keys;
+* residual flow ‖h_L − e‖ / ‖e‖ over the whole probe batch: e is the embedding stream
+  (the first block's input), h_L the last block's output (the final norm's input);
+* ε-dominated fraction per norm site: the share of positions whose RMSNorm input has
+  mean square σ²(h) below 10·ε, where ε stops being negligible and the norm no longer
+  sees the scale of h;
+* gate mean and sparsity (share of gate values below 0.1) per layer, with the gate on.
+
+Under tensor parallelism each rank sees its own heads, so head statistics are sums and
+counts, added over the TP group at the end; norm inputs are sequence-sharded DTensors
+there and are read whole (they are activations of a few sequences, not weights).
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from gamma_titan.init import canonical_name
+from gamma_titan.models.common.attention import GatedAttention
+from gamma_titan.models.common.mla import GatedMLA
+
+from .sink import first_token_mass
+
+#: A norm input counts as ε-dominated when σ²(h) < EPS_FACTOR · ε.
+EPS_FACTOR = 10.0
+#: A gate value below this counts as closed (gate sparsity).
+GATE_CLOSED = 0.1
+
+_LAYER_SITE = re.compile(r"layers\.(\d+)\.(.+)")
+FIRST_BLOCK_NORM = "layers.0.attention_norm"
+FINAL_NORM = "norm"
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+class ActivationProbe:
+    """`with ActivationProbe(model) as probe: model(tokens)`, then `probe.metrics()`."""
+
+    def __init__(self, model: nn.Module, tp_group: dist.ProcessGroup | None = None):
+        self.model, self.tp_group = model, tp_group
+        self.head_stats: dict[str, list[torch.Tensor]] = {}   # tag -> [sum, count] over local heads
+        self.site_stats: dict[str, list[torch.Tensor]] = {}   # tag -> [sum, count], complete
+        self._embedding: torch.Tensor | None = None
+        self._residual: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._handles: list = []
+
+    def __enter__(self) -> "ActivationProbe":
+        for name, module in self.model.named_modules():
+            name = canonical_name(name)
+            if isinstance(module, nn.RMSNorm):
+                self._handles.append(module.register_forward_pre_hook(self._norm_hook(name)))
+            elif isinstance(module, (GatedAttention, GatedMLA)):
+                layer = _LAYER_SITE.match(name).group(1)
+                self._handles.append(module.register_forward_hook(self._attention_hook(layer)))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    # --- hooks ---------------------------------------------------------------------
+
+    @staticmethod
+    def _add(stats: dict, tag: str, total: torch.Tensor, count: float) -> None:
+        acc = stats.setdefault(tag, [torch.zeros((), device=total.device), torch.zeros((), device=total.device)])
+        acc[0] += total.float()
+        acc[1] += count
+
+    def _norm_hook(self, site: str):
+        def hook(module: nn.RMSNorm, inputs):
+            h = _whole(inputs[0]).detach().float()
+            eps = module.eps if module.eps is not None else torch.finfo(inputs[0].dtype).eps
+            dominated = (h.pow(2).mean(dim=-1) < EPS_FACTOR * eps).sum()
+            count = h.numel() // h.shape[-1]
+            match = _LAYER_SITE.match(site)
+            if match:
+                layer, local = match.groups()
+                self._add(self.site_stats, f"eps_dominated_fraction/layer_{layer}", dominated, count)
+                self._add(self.site_stats, f"eps_dominated_fraction/layer_{layer}/{local}", dominated, count)
+            else:
+                self._add(self.site_stats, f"eps_dominated_fraction/{'final_norm' if site == FINAL_NORM else site}",
+                          dominated, count)
+            if site == FIRST_BLOCK_NORM:
+                self._embedding = h.clone()
+            elif site == FINAL_NORM and self._embedding is not None:
+                self._residual = ((h - self._embedding).pow(2).sum(), self._embedding.pow(2).sum())
+
+        return hook
+
+    def _attention_hook(self, layer: str):
+        def hook(module, inputs, output):
+            x, rope = inputs[0], inputs[1]
+            q, k, _ = module.qkv(x, rope)
+            mass = first_token_mass(q.transpose(1, 2), k.transpose(1, 2))  # (batch, local heads)
+            self._add(self.head_stats, f"sink_score/layer_{layer}", mass.sum(), mass.numel())
+            if module.gate != "none":
+                gate = module.gate_values(x).float()
+                self._add(self.head_stats, f"gate_mean/layer_{layer}", gate.sum(), gate.numel())
+                self._add(self.head_stats, f"gate_sparsity/layer_{layer}", (gate < GATE_CLOSED).sum(), gate.numel())
+
+        return hook
+
+    # --- results -------------------------------------------------------------------
+
+    def metrics(self) -> dict[str, float]:
+        """Tag (without the `gamma/` prefix) -> value. A collective over the TP group."""
+        out: dict[str, float] = {}
+        if self.head_stats:
+            sums = torch.stack([torch.stack(v) for v in self.head_stats.values()])
+            if self.tp_group is not None:
+                dist.all_reduce(sums, group=self.tp_group)
+            out.update({tag: (s / c).item() for tag, (s, c) in zip(self.head_stats, sums)})
+        for tag, (s, c) in self.site_stats.items():
+            out[tag] = (s / c).item()
+        sinks = [v for k, v in out.items() if k.startswith("sink_score/layer_")]
+        if sinks:
+            out["sink_score/mean"] = sum(sinks) / len(sinks)
+        if self._residual is not None:
+            diff, base = self._residual
+            out["residual_flow_ratio"] = (diff.sqrt() / base.sqrt().clamp_min(1e-30)).item()
+        return out

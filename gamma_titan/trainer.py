@@ -1,0 +1,32 @@
+"""TorchTitan's Trainer, plus the live diagnostics of `[gamma.diagnostics]`.
+
+The only change to the training loop: after the optimizer step of a due step (step 1 and
+every `freq` steps), `LiveDiagnostics.measure` runs on the probe batch and its numbers go
+to the same metrics line, TensorBoard and metrics.jsonl as the step's loss.
+"""
+
+from __future__ import annotations
+
+import torch
+from torchtitan.train import Trainer
+
+from gamma_titan.diagnostics import LiveDiagnostics, build_probe_batch, diagnostics_due
+
+
+class GammaTrainer(Trainer):
+    def __init__(self, job_config):
+        super().__init__(job_config)
+        self.diagnostics: LiveDiagnostics | None = None
+        cfg = job_config.gamma.diagnostics
+        if cfg.enable:
+            with torch.random.fork_rng(devices=[]):  # the probe batch draws no training randomness
+                tokens = build_probe_batch(job_config, self.tokenizer).to(self.device)
+            tp = self.parallel_dims.get_optional_mesh("tp")
+            self.diagnostics = LiveDiagnostics(cfg, self.model_parts[0], tokens,
+                                               tp_group=tp.get_group() if tp is not None else None)
+
+    def train_step(self, data_iterator):
+        super().train_step(data_iterator)
+        if self.diagnostics is not None and diagnostics_due(self.job_config.gamma.diagnostics, self.step):
+            metrics, maps = self.diagnostics.measure(self.step, with_images=self.metrics_processor.has_image_logger)
+            self.metrics_processor.log_diagnostics(self.step, metrics, maps)

@@ -1,0 +1,232 @@
+"""The paper's instruments against naive references: sink score (explicit softmax), stable
+rank (torch.linalg.svdvals), residual flow and ε-domination (a hand-written forward),
+gate statistics, row cosines; and that measuring leaves the model as it found it."""
+
+import math
+
+import pytest
+import torch
+
+from helpers import small_args
+
+from gamma_titan.diagnostics import (ActivationProbe, LiveDiagnostics, StableRanks, first_token_mass,
+                                     leading_rows, row_cosine, spectral_norm)
+from gamma_titan.diagnostics.live import cosine_image, default_cosine_params, weight_matrices
+from gamma_titan.diagnostics.probe import EPS_FACTOR
+
+
+def naive_attention(q, k, scale):
+    """Full causal softmax: (batch, heads, T, T), GQA keys repeated per head group."""
+    if k.shape[1] != q.shape[1]:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    scores = (q @ k.transpose(-1, -2)) * scale
+    t = q.shape[2]
+    scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    return scores.softmax(dim=-1)
+
+
+def dense_model(gamma=1.0, gate="elementwise", eps=1e-12, **shape):
+    from gamma_titan.models.dense import GammaDense
+
+    torch.manual_seed(0)
+    model = GammaDense(small_args(gamma, gate, eps, **shape))
+    model.init_weights()
+    return model
+
+
+def moe_model(attention="mha", gate="elementwise"):
+    from gamma_titan.models.moe import GammaMoE, moe_flavors
+
+    args = moe_flavors["debug_mla" if attention == "mla" else "debug"]
+    args.attention_gate = gate
+    args.check()
+    model = GammaMoE(args)
+    model.init_weights()
+    return model
+
+
+# --- sink score ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kv_heads, chunk", [(4, 256), (2, 7), (1, 1)])
+def test_first_token_mass_matches_softmax(kv_heads, chunk):
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 50, 16, generator=gen) * 2
+    k = torch.randn(2, kv_heads, 50, 16, generator=gen) * 2
+    k[:, :, 0] += 3  # a real sink: much of the mass on key 0
+    attn = naive_attention(q, k, 1 / math.sqrt(16))
+    expected = attn[:, :, 1:, 0].mean(dim=-1)
+    got = first_token_mass(q, k, chunk=chunk)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    assert got.mean() > 0.1  # not a trivially uniform case
+
+
+@pytest.mark.parametrize("attention", ["dense-gqa", "mla"])
+def test_probe_sink_score_is_the_layers_own_attention(attention):
+    """The probe's per-layer score equals the naive attention matrix's first column,
+    built from the layer's q, k; and that matrix reproduces the layer's SDPA output
+    (so q, k and the softmax scale are the ones the model uses)."""
+    model = dense_model(n_kv_heads=2) if attention == "dense-gqa" else moe_model("mla")
+    tokens = torch.randint(0, model.model_args.vocab_size, (2, 40), generator=torch.Generator().manual_seed(1))
+    captured = {}
+    handle = model.layers["1"].attention.register_forward_hook(
+        lambda m, inp, out: captured.update(x=inp[0], rope=inp[1], out=out))
+    with torch.no_grad(), ActivationProbe(model) as probe:
+        model(tokens)
+    handle.remove()
+    attn_module = model.layers["1"].attention
+    with torch.no_grad():
+        q, k, v = (t.transpose(1, 2) for t in attn_module.qkv(captured["x"], captured["rope"]))
+        attn = naive_attention(q, k, 1 / math.sqrt(q.shape[-1]))
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+        heads = (attn @ v).transpose(1, 2)
+        if attn_module.gate != "none":
+            heads = heads * attn_module.gate_values(captured["x"])
+        out = attn_module.wo(heads.reshape(*heads.shape[:2], -1))
+    torch.testing.assert_close(out, captured["out"], atol=1e-5, rtol=1e-4)
+    metrics = probe.metrics()
+    assert metrics["sink_score/layer_1"] == pytest.approx(attn[:, :, 1:, 0].mean().item(), abs=1e-5)
+    n = model.model_args.n_layers
+    assert metrics["sink_score/mean"] == pytest.approx(sum(metrics[f"sink_score/layer_{i}"] for i in range(n)) / n)
+
+
+# --- residual flow, ε-domination, gates ---------------------------------------------------
+
+
+@pytest.mark.parametrize("eps", [1e-12, 1e-2])
+def test_probe_residual_flow_eps_and_gates_match_a_hand_forward(eps):
+    model = dense_model(gamma=1.0, eps=eps)
+    tokens = torch.randint(0, model.model_args.vocab_size, (2, 32), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad(), ActivationProbe(model) as probe:
+        model(tokens)
+    metrics = probe.metrics()
+
+    with torch.no_grad():  # the decoder by hand
+        e = h = model.tok_embeddings(tokens)
+        rope = model.rope[: tokens.shape[1]]
+        for i, block in model.layers.items():
+            x = h
+            dominated = [(x.pow(2).mean(-1) < EPS_FACTOR * eps).float().mean().item()]
+            attn_in = block.attention_norm(x)
+            gate = block.attention.gate_values(attn_in)
+            h = x + block.attention(attn_in, rope)
+            dominated.append((h.pow(2).mean(-1) < EPS_FACTOR * eps).float().mean().item())
+            h = h + block.feed_forward(block.ffn_norm(h))
+            assert metrics[f"eps_dominated_fraction/layer_{i}/attention_norm"] == pytest.approx(dominated[0])
+            assert metrics[f"eps_dominated_fraction/layer_{i}/ffn_norm"] == pytest.approx(dominated[1])
+            assert metrics[f"eps_dominated_fraction/layer_{i}"] == pytest.approx(sum(dominated) / 2)
+            assert metrics[f"gate_mean/layer_{i}"] == pytest.approx(gate.mean().item(), rel=1e-5)
+            assert metrics[f"gate_sparsity/layer_{i}"] == pytest.approx((gate < 0.1).float().mean().item())
+    expected = ((h - e).norm() / e.norm()).item()
+    assert metrics["residual_flow_ratio"] == pytest.approx(expected, rel=1e-5)
+    # γ = 1, d = 256: σ²(e) ≈ 1/256, far below 10·1e-2 and far above 10·1e-12
+    assert metrics["eps_dominated_fraction/layer_0/attention_norm"] == (1.0 if eps == 1e-2 else 0.0)
+
+
+def test_no_gate_statistics_without_a_gate():
+    model = dense_model(gate="none")
+    with torch.no_grad(), ActivationProbe(model) as probe:
+        model(torch.zeros(1, 8, dtype=torch.long))
+    assert not any(k.startswith("gate_") for k in probe.metrics())
+
+
+# --- stable rank and cosines -----------------------------------------------------------
+
+
+def test_spectral_norm_and_stable_rank_match_svd():
+    gen = torch.Generator().manual_seed(3)
+    cases = {
+        "gaussian": torch.randn(384, 256, generator=gen),  # the hard case: σ1 ≈ σ2
+        "decaying": torch.randn(200, 300, generator=gen) @ torch.diag(torch.logspace(0, -2, 300)),
+        "condensed": torch.randn(256, 1, generator=gen) @ torch.randn(1, 128, generator=gen)
+                     + 0.05 * torch.randn(256, 128, generator=gen),
+    }
+    ranks = StableRanks()
+    for name, w in cases.items():
+        s = torch.linalg.svdvals(w)
+        assert spectral_norm(w).sigma.item() == pytest.approx(s[0].item(), rel=1e-2), name
+        expected = (s.pow(2).sum() / s[0] ** 2).item()
+        assert ranks(name, w).item() == pytest.approx(expected, rel=1e-2), name
+    # a stack of experts: one stable rank each, in one batched iteration
+    stack = torch.randn(4, 64, 32, generator=gen) * torch.arange(1, 5).view(4, 1, 1)
+    s = torch.linalg.svdvals(stack)
+    torch.testing.assert_close(ranks("experts", stack), s.pow(2).sum(-1) / s[:, 0] ** 2, rtol=1e-2, atol=0)
+
+
+def test_warm_start_converges_in_fewer_iterations():
+    gen = torch.Generator().manual_seed(4)
+    w = torch.randn(256, 128, generator=gen) @ torch.diag(torch.logspace(0, -1, 128))
+    ranks = StableRanks()
+    ranks("w", w)
+    cold = ranks.iterations["w"]
+    w2 = w + 1e-3 * torch.randn(256, 128, generator=gen)  # one optimizer step later
+    s = torch.linalg.svdvals(w2)
+    assert ranks("w", w2).item() == pytest.approx((s.pow(2).sum() / s[0] ** 2).item(), rel=1e-2)
+    assert ranks.iterations["w"] < cold / 3, (ranks.iterations["w"], cold)
+
+
+def test_row_cosine_and_its_image():
+    w = torch.randn(10, 6)
+    c = row_cosine(leading_rows(w, 5))
+    naive = torch.tensor([[torch.nn.functional.cosine_similarity(w[i], w[j], dim=0).item() for j in range(5)]
+                          for i in range(5)])
+    torch.testing.assert_close(c, naive, atol=1e-6, rtol=0)
+    image = cosine_image(c)
+    assert image.shape == (5, 5, 3) and image.dtype == torch.uint8
+
+
+# --- measuring leaves training alone ---------------------------------------------------
+
+
+def test_measure_restores_buffers_mode_and_rng_and_covers_expert_stacks():
+    from gamma_titan.config import Diagnostics
+
+    model = moe_model("mha")
+    model.train()
+    tokens = torch.randint(0, model.model_args.vocab_size, (2, 32), generator=torch.Generator().manual_seed(5))
+    model(tokens)  # some routing history in the load counters
+    buffers = {n: b.clone() for n, b in model.named_buffers()}
+    rng = torch.get_rng_state()
+    live = LiveDiagnostics(Diagnostics(enable=True, cosine_rows=16), model, tokens)
+    metrics, maps = live.measure(step=1, with_images=True)
+    assert model.training and torch.equal(torch.get_rng_state(), rng)
+    for name, b in model.named_buffers():
+        assert torch.equal(b, buffers[name]), name
+    assert all(p.grad is None for p in model.parameters())
+
+    experts = model.layers["1"].moe.experts.w1.detach()
+    s = torch.linalg.svdvals(experts)
+    per_expert = s.pow(2).sum(-1) / s[:, 0] ** 2
+    assert metrics["gamma/stable_rank/layers.1.moe.experts.w1/mean"] == pytest.approx(per_expert.mean().item(), rel=1e-2)
+    assert metrics["gamma/stable_rank/layers.1.moe.experts.w1/min"] == pytest.approx(per_expert.min().item(), rel=1e-2)
+    assert "gamma/stable_rank/layers.1.moe.router.gate.weight" in metrics
+    assert "gamma/stable_rank/tok_embeddings.weight" in metrics and "gamma/stable_rank/output.weight" in metrics
+    assert set(maps) == {f"gamma/cosine/{n}" for n in live.cosine_params} and maps
+    assert all(m.shape == (16, 16) for m in maps.values())
+
+
+def test_default_cosine_params_pick_first_and_last_block():
+    dense = [n for n, w in weight_matrices(dense_model()).items() if w.ndim == 2]
+    assert default_cosine_params(dense, 4) == [
+        "layers.0.attention.wo.weight", "layers.0.feed_forward.w1.weight",
+        "layers.3.attention.wo.weight", "layers.3.feed_forward.w1.weight"]
+    moe = [n for n, w in weight_matrices(moe_model()).items() if w.ndim == 2]
+    assert "layers.3.moe.shared_experts.w1.weight" in default_cosine_params(moe, 4)
+
+
+@pytest.mark.multiprocess
+def test_sharded_weights_give_the_same_stable_rank_without_gathering_them():
+    """2 gloo processes: FSDP-, TP- and EP-style shardings (rows, columns, experts) of a
+    matrix and an expert stack give the unsharded stable rank (rtol 1e-5), and no
+    collective moves more than a quarter of a weight (only vectors and scalars cross)."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    script = REPO / "tests" / "scripts" / "sharded_spectral.py"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(script)], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
