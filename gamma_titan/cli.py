@@ -3,6 +3,7 @@
     gamma-titan train CONFIG.toml [--nproc N] [--section.key value ...]
     gamma-titan inspect CONFIG.toml [--json] [--section.key value ...]
     gamma-titan tokenizer train [--vocab-size N] [--force]
+    gamma-titan report condensation RUN_DIR [RUN_DIR ...] [--out DIR] [--matrices NAME ...]
 
 `train` checks the config here, then starts `torchrun -m gamma_titan.train` with N
 processes on this node (default: the number of GPUs, or 1 without one). For several
@@ -72,6 +73,20 @@ def cmd_tokenizer_train(ns, overrides: list[str]) -> int:
     return 0
 
 
+def cmd_report_condensation(ns, overrides: list[str]) -> int:
+    if overrides:
+        raise ConfigError(f"unknown arguments: {' '.join(overrides)}")
+    from pathlib import Path
+
+    from gamma_titan.report.condensation import write_report
+
+    runs = [Path(r) for r in ns.runs]
+    out = Path(ns.out) if ns.out else runs[0] / "report"
+    for path in write_report(runs, out, ns.matrices or None):
+        print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gamma-titan", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -91,6 +106,15 @@ def build_parser() -> argparse.ArgumentParser:
     tok_train.add_argument("--vocab-size", type=int, default=4096)
     tok_train.add_argument("--force", action="store_true", help="retrain even if cached")
     tok_train.set_defaults(run=cmd_tokenizer_train)
+
+    report = sub.add_parser("report", help="offline reports on runs").add_subparsers(dest="report", required=True)
+    condensation = report.add_parser(
+        "condensation", help="stable-rank trajectories, row-cosine maps and sink scores from checkpoints and logs")
+    condensation.add_argument("runs", nargs="+", metavar="RUN_DIR", help="dump folders of runs to compare")
+    condensation.add_argument("--out", help="output folder (default: RUN_DIR/report of the first run)")
+    condensation.add_argument("--matrices", nargs="*", metavar="NAME",
+                              help="weights for row-cosine maps (default: layer 0's attention.wo and FFN w1)")
+    condensation.set_defaults(run=cmd_report_condensation)
     return parser
 
 

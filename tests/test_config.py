@@ -56,6 +56,13 @@ CASES = {
                                  "--gamma.attention_gate", "channelwise"], "attention-gate"),
     "TP not dividing MoE width": ("", ["--model.name", "gamma_moe", "--model_args.moe_hidden_dim", "129",
                                        "--parallelism.tensor_parallel_degree", "2"], "moe_hidden_dim"),
+    "unknown diagnostics key": ("[gamma.diagnostics]\nfrequency = 10\n", [], "gamma.diagnostics.frequency"),
+    "diagnostics freq zero": ("[gamma.diagnostics]\nenable = true\nfreq = 0\n", [], "gamma.diagnostics.freq"),
+    "probe batch negative": ("", ["--gamma.diagnostics.probe_batch", "-2"], "gamma.diagnostics.probe_batch"),
+    "cosine map of a missing weight": ("[gamma.diagnostics]\nenable = true\ncosine_params = [\"layers.9.attention.wo.weight\"]\n",
+                                       [], "gamma.diagnostics.cosine_params"),
+    "probe data that does not exist": ("", ["--gamma.diagnostics.enable", "true", "--validation.dataset", "hf",
+                                            "--validation.dataset_path", "/nonexistent/val.jsonl"], "validation.dataset_path"),
     "tp does not divide world": ("", ["--parallelism.tensor_parallel_degree", "2"], "world size"),
     "tp does not divide heads": ("", ["--parallelism.tensor_parallel_degree", "3"], "model_args.n_heads"),
 }

@@ -81,6 +81,8 @@ def test_thirty_steps_train_and_log_expert_load(tmp_path, attention, builtin_ass
 def test_compile_and_float8_run_three_steps(tmp_path, attention, extra, log_line, builtin_assets):
     dump = tmp_path / "run"
     proc = run_trainer(dump, "--training.steps", "3", *QUIET, *extra, config=CONFIGS[attention])
-    losses = [r["loss"] for r in read_metrics(dump)]
+    records = read_metrics(dump)
+    losses = [r["loss"] for r in records]
     assert len(losses) == 3 and all(l == l and l < 9 for l in losses)
+    assert records[0]["gamma/sink_score/mean"] > 0  # diagnostics (on in the config) ran on this path
     assert log_line in proc.stdout + proc.stderr

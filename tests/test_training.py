@@ -1,19 +1,51 @@
-"""End-to-end runs of the debug model on CPU: loss falls, logs are written, and the
-torch.compile and float8 (emulated) paths run."""
+"""End-to-end runs of the debug model on CPU: loss falls, logs and live diagnostics are
+written, the condensation report reads the run, and the torch.compile and float8
+(emulated) paths run."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
-from helpers import read_metrics, run_trainer
+from helpers import DEBUG_TOML, REPO, read_metrics, run_trainer
 
 pytestmark = pytest.mark.multiprocess
 
 
-def test_debug_run_loss_falls_and_logs(tmp_path, builtin_assets):
-    dump = tmp_path / "run"
+@pytest.fixture(scope="module")
+def debug_run(tmp_path_factory, builtin_assets):
+    """30 steps of configs/dense/debug.toml (γ = 1, elementwise gate), diagnostics every
+    10 steps, a checkpoint every 10 steps (all kept)."""
+    dump = tmp_path_factory.mktemp("debug") / "run"
     run_trainer(dump, "--training.steps", "30", "--metrics.log_freq", "5",
-                "--validation.freq", "30", "--validation.steps", "4")
+                "--validation.freq", "30", "--validation.steps", "4", "--gamma.diagnostics.freq", "10",
+                "--checkpoint.enable", "true", "--checkpoint.interval", "10", "--checkpoint.keep_latest_k", "0")
+    return dump
+
+
+def expected_diagnostics_tags() -> set[str]:
+    """Every gamma/* tag of the debug model (4 layers, gate on), named as the issue asks."""
+    import torch
+
+    from gamma_titan.config import load_job_config
+    from gamma_titan.diagnostics.live import weight_matrices
+    from gamma_titan.inspect_model import resolve_model
+
+    spec, args = resolve_model(load_job_config(["--job.config_file", str(DEBUG_TOML)]))
+    with torch.device("meta"):
+        matrices = weight_matrices(spec.model_cls(args))
+    tags = {"sink_score/mean", "residual_flow_ratio", "eps_dominated_fraction/final_norm", "diagnostics_seconds"}
+    for i in range(args.n_layers):
+        tags |= {f"sink_score/layer_{i}", f"gate_mean/layer_{i}", f"gate_sparsity/layer_{i}",
+                 f"eps_dominated_fraction/layer_{i}", f"eps_dominated_fraction/layer_{i}/attention_norm",
+                 f"eps_dominated_fraction/layer_{i}/ffn_norm"}
+    tags |= {f"stable_rank/{name}" for name in matrices}
+    return {"gamma/" + t for t in tags}
+
+
+def test_debug_run_loss_falls_and_logs(debug_run):
+    dump = debug_run
     records = read_metrics(dump)
     train = [r for r in records if "loss" in r]
     assert [r["step"] for r in records] == [1, 5, 10, 15, 20, 25, 30]
@@ -25,6 +57,53 @@ def test_debug_run_loss_falls_and_logs(tmp_path, builtin_assets):
     assert val[-1]["val_loss"] < val[0]["val_loss"]
     events = list((dump / "tb").rglob("events.out.tfevents.*"))
     assert events and events[0].stat().st_size > 0
+
+
+def test_diagnostics_are_logged_at_the_configured_steps_with_their_tags(debug_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    expected = expected_diagnostics_tags()
+    records = read_metrics(debug_run)
+    measured = [r for r in records if any(k.startswith("gamma/") for k in r)]
+    assert [r["step"] for r in measured] == [1, 10, 20, 30]
+    for r in measured:
+        assert {k for k in r if k.startswith("gamma/")} == expected
+        assert 0 < r["gamma/sink_score/mean"] < 1 and r["gamma/residual_flow_ratio"] > 0
+        assert all(r[t] >= 1 for t in expected if "stable_rank" in t)
+    # at init (step 1, one small step from γ = 1) the attention is near uniform: the mean
+    # of 1/(i+1) over queries i = 1..255 is 0.0201
+    assert measured[0]["gamma/sink_score/mean"] == pytest.approx(0.0201, abs=0.002)
+
+    events = EventAccumulator(str(next((debug_run / "tb").rglob("events.out.tfevents.*"))),
+                              size_guidance={"images": 0, "scalars": 0})
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    assert expected <= scalars
+    assert [e.step for e in events.Scalars("gamma/sink_score/layer_2")] == [1, 10, 20, 30]
+    images = events.Tags()["images"]
+    assert set(images) == {f"gamma/cosine/layers.{i}.{m}.weight" for i in (0, 3)
+                           for m in ("attention.wo", "feed_forward.w1")}
+    assert [e.step for e in events.Images(images[0])] == [1]  # every 10 x freq steps, and step 1
+
+
+def test_condensation_report_from_the_runs_checkpoints(debug_run, tmp_path):
+    out = tmp_path / "report"
+    proc = subprocess.run([sys.executable, "-m", "gamma_titan.cli", "report", "condensation", str(debug_run),
+                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "condensation.md", "cosine_layers_0_attention_wo.png", "cosine_layers_0_feed_forward_w1.png",
+        "sink_score.png", "stable_rank.png"]
+    assert all((out / f).read_bytes()[:4] == b"\x89PNG" for f in ("stable_rank.png", "sink_score.png"))
+    summary = (out / "condensation.md").read_text()
+    assert "| feed_forward.w1 |" in summary and "step 10 | step 20 | step 30" in summary
+    # the report's stable ranks are the live ones at the same steps (same weights, same method)
+    live = {r["step"]: r for r in read_metrics(debug_run)}
+    row = next(l for l in summary.splitlines() if l.startswith("| feed_forward.w1 |"))
+    reported = [float(c) for c in row.split("|")[2:5]]
+    for step, value in zip((10, 20, 30), reported):
+        mean = sum(live[step][f"gamma/stable_rank/layers.{i}.feed_forward.w1.weight"] for i in range(4)) / 4
+        assert value == pytest.approx(mean, abs=0.006)
 
 
 def test_metrics_file_is_appended_not_overwritten(tmp_path, builtin_assets):
@@ -48,7 +127,9 @@ def test_compile_and_float8_run_three_steps(tmp_path, variant, builtin_assets):
     dump = tmp_path / variant
     proc = run_trainer(dump, "--training.steps", "3", "--metrics.log_freq", "1",
                        "--validation.enable", "false", "--metrics.enable_tensorboard", "false", *extra)
-    losses = [r["loss"] for r in read_metrics(dump)]
+    records = read_metrics(dump)
+    losses = [r["loss"] for r in records]
     assert len(losses) == 3 and all(l == l and l < 9 for l in losses)  # finite, sane
+    assert records[0]["gamma/sink_score/mean"] > 0  # diagnostics (on in debug.toml) ran on this path
     log = proc.stdout + proc.stderr
     assert ("Compiling each TransformerBlock" in log) if variant == "compile" else ("Swapped to Float8Linear" in log)

@@ -121,8 +121,7 @@ class LiveDiagnostics:
     @torch.no_grad()
     def weights(self) -> dict[str, float]:
         out = {}
-        for name, weight in weight_matrices(self.model).items():
-            ranks = self.stable_ranks(name, weight)
+        for name, ranks in self.stable_ranks.all(weight_matrices(self.model)).items():
             if ranks.ndim == 0:
                 out[f"stable_rank/{name}"] = ranks.item()
             else:  # an expert stack: one stable rank per expert

@@ -7,7 +7,7 @@ For head h and query i of a causal attention, the mass on key 0 is
 (s: the softmax scale). The sink score of a layer is A_h[i, 0] averaged over heads,
 queries i ≥ 1 (query 0 sees only key 0, so its mass is always 1) and sequences. LSE is
 computed exactly in fp32, a block of queries at a time, so the T×T attention matrix is
-never held whole: memory is `chunk`×T per head.
+never held whole: memory is `chunk`×T per head and sequence, at most MAX_BLOCK values.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import math
 import torch
 
 CHUNK = 256
+#: Cap on one block of scores (batch × heads × chunk × T fp32 values): 256 MiB.
+MAX_BLOCK = 2**26
 
 
 def first_token_mass(q: torch.Tensor, k: torch.Tensor, scale: float | None = None,
@@ -34,6 +36,7 @@ def first_token_mass(q: torch.Tensor, k: torch.Tensor, scale: float | None = Non
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     if t < 2:
         return torch.ones(bs, heads, device=q.device)
+    chunk = max(1, min(chunk, MAX_BLOCK // (bs * heads * t)))
     total = torch.zeros(bs, heads, device=q.device)
     positions = torch.arange(t, device=q.device)
     for start in range(1, t, chunk):

@@ -7,10 +7,14 @@ Under small initialisation the paper sees weights *condense*: stable rank falls 
 training (rows align, C fills with ±1 blocks), then rises again. ‖W‖_2 comes from power
 iteration on WᵀW, warm-started from the previous call's vector, never from a full SVD.
 
-Sharded weights (FSDP, TP and EP DTensors) are multiplied as DTensors: each rank works on
-its own shard and only vectors (length d_in or d_out) and scalars cross ranks, so no rank
-gathers a matrix. A 3-D weight is a stack of experts (E, d_out, d_in); it gets one
-stable rank per expert, in one batched iteration.
+A 3-D weight is a stack of experts (E, d_out, d_in); it gets one stable rank per expert,
+in one batched iteration.
+
+Sharded weights (FSDP, TP and EP DTensors): each rank multiplies its own block of W into
+full-length vectors and the vectors are summed over the mesh, so only vectors (d_out or
+d_in long, per expert) and scalars cross ranks, never a matrix. All weights on one mesh
+iterate together: two all-reduces per iteration for all of them. The one exception is a strided shard (FSDP over TP on the
+same dimension), which is first regathered along the FSDP dimension only.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor.placement_types import _StridedShard
 
 #: Power iteration stops when σ changes by less than this (relative), or after the limit.
 TOLERANCE = 1e-6
@@ -26,17 +32,73 @@ COLD_ITERS = 300
 WARM_ITERS = 100
 
 
-def _like(weight: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
-    """`local` (the same on every rank) as an operand for `weight`: a replicated DTensor
-    on the weight's mesh, or the tensor itself."""
-    if isinstance(weight, DTensor):
-        return distribute_tensor(local, weight.device_mesh, [Replicate()] * weight.device_mesh.ndim,
-                                 src_data_rank=None)
-    return local
+class _Block:
+    """Where this rank's shard of a weight sits in the whole, as a batch of matrices
+    (n, d_out, d_in), and how to sum a full-size tensor over the ranks that share it."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.mesh = None
+        if isinstance(weight, DTensor):
+            if any(isinstance(p, _StridedShard) for p in weight.placements):
+                weight = weight.redistribute(placements=[
+                    Replicate() if isinstance(p, _StridedShard) else p for p in weight.placements])
+            from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+            mesh, placements = weight.device_mesh, weight.placements
+            shape, offset = compute_local_shape_and_global_offset(weight.shape, mesh, placements)
+            self.mesh = mesh
+            self.index = tuple(slice(o, o + s) for o, s in zip(offset, shape))
+            # A block held by several ranks (Replicate) counts once: on its first holder.
+            self.owner = all(mesh.get_local_rank(d) == 0 for d, p in enumerate(placements) if p.is_replicate())
+            local = weight.to_local()
+        else:
+            self.index = tuple(slice(0, s) for s in weight.shape)
+            self.owner = True
+            local = weight
+        self.shape = tuple(weight.shape)
+        self.local = local.detach().float()
+        if self.local.ndim == 2:  # one matrix: a batch of one
+            self.local = self.local.unsqueeze(0)
+            self.index = (slice(0, 1), *self.index)
+            self.shape = (1, *self.shape)
+
+    @property
+    def mesh_key(self) -> tuple:
+        """Blocks with equal keys live on the same logical mesh and can share collectives
+        (the same key on every rank, whichever slice of the mesh it is in)."""
+        return () if self.mesh is None else (tuple(self.mesh.shape), self.mesh.mesh_dim_names)
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum over every rank of the weight's mesh (each entry comes from one owner)."""
+        if self.mesh is not None:
+            for dim in range(self.mesh.ndim):
+                dist.all_reduce(t, group=self.mesh.get_group(dim))
+        return t
+
+    def local_matvec(self, v: torch.Tensor) -> torch.Tensor:
+        """This rank's part of W v, for full vectors v (n, d_in): (n, d_out), zeros elsewhere."""
+        e, r, c = self.index
+        out = torch.zeros(self.shape[0], self.shape[1], device=self.local.device)
+        if self.owner:
+            out[e, r] = torch.bmm(self.local, v[e, c].unsqueeze(-1)).squeeze(-1)
+        return out
+
+    def local_rmatvec(self, u: torch.Tensor) -> torch.Tensor:
+        """This rank's part of Wᵀ u, for full vectors u (n, d_out): (n, d_in)."""
+        e, r, c = self.index
+        out = torch.zeros(self.shape[0], self.shape[2], device=self.local.device)
+        if self.owner:
+            out[e, c] = torch.bmm(self.local.transpose(1, 2), u[e, r].unsqueeze(-1)).squeeze(-1)
+        return out
+
+    def frobenius_sq(self) -> torch.Tensor:
+        return self.sum(_local_frobenius_sq(self))
 
 
-def _full(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if isinstance(t, DTensor) else t
+def _summed(blocks: list[_Block], parts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Sum each block's partial tensor over the (shared) mesh in one collective per mesh dim."""
+    flat = blocks[0].sum(torch.cat([p.reshape(-1) for p in parts]))
+    return [t.view_as(p) for t, p in zip(flat.split([p.numel() for p in parts]), parts)]
 
 
 class Spectral(NamedTuple):
@@ -45,45 +107,57 @@ class Spectral(NamedTuple):
     iterations: int
 
 
+def _power_iterations(blocks: list[_Block], starts: list[torch.Tensor | None],
+                      tol: float = TOLERANCE, max_iters: int | None = None) -> list[Spectral]:
+    """Power iteration on WᵀW for several weights on one mesh at once: every iteration
+    sums all their partial products in two collectives. A weight stops iterating once its
+    σ changes by less than `tol` (relative); the decision is made on summed, identical
+    values, so every rank stops alike."""
+    vs, sigmas = [], []
+    for block, start in zip(blocks, starts):
+        n, d_in = block.shape[0], block.shape[2]
+        if start is None:  # a fixed seed: every rank starts alike
+            v = torch.randn(n, d_in, generator=torch.Generator().manual_seed(0))
+        else:
+            v = start.reshape(n, d_in).float()
+        v = v.to(block.local.device)
+        vs.append(v / v.norm(dim=1, keepdim=True))
+        sigmas.append(torch.zeros(n, device=block.local.device))
+    limit = max_iters or (COLD_ITERS if any(s is None for s in starts) else WARM_ITERS)
+    iterations = [0] * len(blocks)
+    active = list(range(len(blocks)))
+    for _ in range(limit):
+        if not active:
+            break
+        us = _summed([blocks[i] for i in active], [blocks[i].local_matvec(vs[i]) for i in active])
+        zs = _summed([blocks[i] for i in active], [blocks[i].local_rmatvec(u) for i, u in zip(active, us)])
+        still = []
+        for i, u, z in zip(active, us, zs):
+            new_sigma = u.norm(dim=1)
+            vs[i] = z / z.norm(dim=1, keepdim=True).clamp_min(1e-30)
+            iterations[i] += 1
+            if not bool(((new_sigma - sigmas[i]).abs() <= tol * new_sigma).all()):
+                still.append(i)
+            sigmas[i] = new_sigma
+        active = still
+    final = _summed(blocks, [b.local_matvec(v) for b, v in zip(blocks, vs)])
+    return [Spectral(u.norm(dim=1), v, k) for u, v, k in zip(final, vs, iterations)]
+
+
 def spectral_norm(weight: torch.Tensor, start: torch.Tensor | None = None,
                   tol: float = TOLERANCE, max_iters: int | None = None) -> Spectral:
     """‖W‖_2 of W (d_out, d_in), or per expert of a stack (E, d_out, d_in), by power
-    iteration on WᵀW. `start` is the vector of an earlier call (warm start); cold starts
-    use a fixed seed, so every rank starts alike."""
-    w = weight.detach().float()
-    batched = w.ndim == 3
-    if not batched:
-        w = w.unsqueeze(0)
-    n, d_in = w.shape[0], w.shape[-1]
-    if start is None:
-        gen = torch.Generator().manual_seed(0)
-        v = torch.randn(n, d_in, 1, generator=gen)
-        max_iters = max_iters or COLD_ITERS
-    else:
-        v = start.reshape(n, d_in, 1).float().cpu()
-        max_iters = max_iters or WARM_ITERS
-    v = _like(w, (v / v.norm(dim=1, keepdim=True)).to(w.device))
-    sigma = torch.zeros(n, device=w.device)
-    iterations = 0
-    while iterations < max_iters:
-        iterations += 1
-        u = torch.bmm(w, v)                       # (n, d_out, 1), sharded like W's rows
-        z = torch.bmm(w.transpose(1, 2), u)       # WᵀW v: partial sums, reduced to replicated
-        new_sigma = _full(u.norm(dim=1).squeeze(-1))
-        v = z / z.norm(dim=1, keepdim=True).clamp_min(1e-30)
-        done = bool(((new_sigma - sigma).abs() <= tol * new_sigma).all())
-        sigma = new_sigma
-        if done:
-            break
-    v = _full(v).squeeze(-1)
-    sigma = _full(torch.bmm(w, _like(w, v.unsqueeze(-1))).norm(dim=1).squeeze(-1))
-    return Spectral(sigma, v, iterations) if batched else Spectral(sigma[0], v[0], iterations)
+    iteration on WᵀW. `start` is the vector of an earlier call (warm start)."""
+    [result] = _power_iterations([_Block(weight)], [start], tol, max_iters)
+    if weight.ndim == 2:
+        return Spectral(result.sigma[0], result.vector[0], result.iterations)
+    return result
 
 
 def frobenius_sq(weight: torch.Tensor) -> torch.Tensor:
     """‖W‖_F² (per expert for a stack)."""
-    w = weight.detach().float()
-    return _full(w.pow(2).sum(dim=(-2, -1)))
+    out = _Block(weight).frobenius_sq()
+    return out[0] if weight.ndim == 2 else out
 
 
 class StableRanks:
@@ -95,31 +169,46 @@ class StableRanks:
         self.iterations: dict[str, int] = {}  # of the last call, per weight
 
     def __call__(self, name: str, weight: torch.Tensor) -> torch.Tensor:
-        sigma, self.vectors[name], self.iterations[name] = spectral_norm(weight, self.vectors.get(name))
-        return frobenius_sq(weight) / sigma.pow(2).clamp_min(1e-30)
+        return self.all({name: weight})[name]
+
+    def all(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Stable ranks of many weights (a scalar each; (E,) for an expert stack). Weights
+        on the same mesh iterate together. Every rank must pass the same names."""
+        blocks = {name: _Block(w) for name, w in weights.items()}
+        by_mesh: dict[tuple, list[str]] = {}
+        for name, block in blocks.items():
+            by_mesh.setdefault(block.mesh_key, []).append(name)
+        out = {}
+        for key in sorted(by_mesh, key=repr):  # the same order on every rank
+            names = by_mesh[key]
+            results = _power_iterations([blocks[n] for n in names], [self.vectors.get(n) for n in names])
+            norms = _summed([blocks[n] for n in names],
+                            [_local_frobenius_sq(blocks[n]) for n in names])
+            for name, result, fro in zip(names, results, norms):
+                self.vectors[name], self.iterations[name] = result.vector, result.iterations
+                ranks = fro / result.sigma.pow(2).clamp_min(1e-30)
+                out[name] = ranks[0] if weights[name].ndim == 2 else ranks
+        return out
+
+
+def _local_frobenius_sq(block: _Block) -> torch.Tensor:
+    out = torch.zeros(block.shape[0], device=block.local.device)
+    if block.owner:
+        out[block.index[0]] = block.local.pow(2).sum(dim=(1, 2))
+    return out
 
 
 def leading_rows(weight: torch.Tensor, n: int) -> torch.Tensor:
     """The first n rows of a 2-D weight as a plain tensor on every rank; a sharded weight
     sends only those rows (each rank contributes the part of them it holds)."""
-    if not isinstance(weight, DTensor):
-        return weight.detach()[:n].float()
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    mesh = weight.device_mesh
-    n = min(n, weight.shape[0])
-    shape, offset = compute_local_shape_and_global_offset(weight.shape, mesh, weight.placements)
-    rows = torch.zeros(n, weight.shape[1], device=weight.device)
-    # A rank that holds a replica of a block adds it only on the first replica.
-    first_replica = all(mesh.get_local_rank(d) == 0 for d, p in enumerate(weight.placements)
-                        if p.is_replicate())
-    lo, hi = offset[0], min(offset[0] + shape[0], n)
-    if first_replica and hi > lo:
-        local = weight.to_local().detach().float()
-        rows[lo:hi, offset[1]:offset[1] + shape[1]] = local[: hi - lo]
-    for dim in range(mesh.ndim):  # sum over the whole mesh: each element comes from one rank
-        torch.distributed.all_reduce(rows, group=mesh.get_group(dim))
-    return rows
+    block = _Block(weight)
+    n = min(n, block.shape[1])
+    _, r, c = block.index
+    rows = torch.zeros(n, block.shape[2], device=block.local.device)
+    hi = min(r.stop, n)
+    if block.owner and hi > r.start:
+        rows[r.start:hi, c] = block.local[0, : hi - r.start]
+    return block.sum(rows)
 
 
 def row_cosine(rows: torch.Tensor) -> torch.Tensor:

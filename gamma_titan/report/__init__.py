@@ -1,0 +1,1 @@
+"""Offline reports on finished (or running) runs."""
