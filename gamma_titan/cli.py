@@ -3,7 +3,7 @@
     gamma-titan train CONFIG.toml [--nproc N] [--section.key value ...]
     gamma-titan inspect CONFIG.toml [--json] [--section.key value ...]
     gamma-titan tokenizer train [--vocab-size N] [--force]
-    gamma-titan report condensation RUN_DIR [RUN_DIR ...] [--out DIR] [--matrices NAME ...]
+    gamma-titan report condensation RUN_DIR [RUN_DIR ...] [--out DIR] [--matrices NAME ...] [--steps N ...]
 
 `train` checks the config here, then starts `torchrun -m gamma_titan.train` with N
 processes on this node (default: the number of GPUs, or 1 without one). For several
@@ -82,7 +82,7 @@ def cmd_report_condensation(ns, overrides: list[str]) -> int:
 
     runs = [Path(r) for r in ns.runs]
     out = Path(ns.out) if ns.out else runs[0] / "report"
-    for path in write_report(runs, out, ns.matrices or None):
+    for path in write_report(runs, out, ns.matrices or None, ns.steps or None):
         print(path)
     return 0
 
@@ -114,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     condensation.add_argument("--out", help="output folder (default: RUN_DIR/report of the first run)")
     condensation.add_argument("--matrices", nargs="*", metavar="NAME",
                               help="weights for row-cosine maps (default: layer 0's attention.wo and FFN w1)")
+    condensation.add_argument("--steps", nargs="*", type=int, metavar="STEP",
+                              help="checkpoint steps for the row-cosine maps (default: first, middle, last)")
     condensation.set_defaults(run=cmd_report_condensation)
     return parser
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from helpers import small_args
-from gamma_titan.init import GammaInit, draw, ParamInit, param_seed
+from gamma_titan.init import draw, ParamInit, param_seed
 from gamma_titan.inspect_model import inspect_model
 from gamma_titan.models.dense import GammaDense
 from gamma_titan.train_specs import TRAIN_SPECS

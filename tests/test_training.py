@@ -88,8 +88,10 @@ def test_diagnostics_are_logged_at_the_configured_steps_with_their_tags(debug_ru
 
 def test_condensation_report_from_the_runs_checkpoints(debug_run, tmp_path):
     out = tmp_path / "report"
-    proc = subprocess.run([sys.executable, "-m", "gamma_titan.cli", "report", "condensation", str(debug_run),
-                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    report = [sys.executable, "-m", "gamma_titan.cli", "report", "condensation", str(debug_run), "--out", str(out)]
+    bad = subprocess.run([*report, "--steps", "15"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--steps 15" in bad.stderr and not out.exists()
+    proc = subprocess.run([*report, "--steps", "10", "30"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == [
         "condensation.md", "cosine_layers_0_attention_wo.png", "cosine_layers_0_feed_forward_w1.png",

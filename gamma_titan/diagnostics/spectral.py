@@ -77,6 +77,8 @@ class _Block:
 
     def local_matvec(self, v: torch.Tensor) -> torch.Tensor:
         """This rank's part of W v, for full vectors v (n, d_in): (n, d_out), zeros elsewhere."""
+        if self.mesh is None:  # the whole weight
+            return torch.bmm(self.local, v.unsqueeze(-1)).squeeze(-1)
         e, r, c = self.index
         out = torch.zeros(self.shape[0], self.shape[1], device=self.local.device)
         if self.owner:
@@ -85,6 +87,8 @@ class _Block:
 
     def local_rmatvec(self, u: torch.Tensor) -> torch.Tensor:
         """This rank's part of Wᵀ u, for full vectors u (n, d_out): (n, d_in)."""
+        if self.mesh is None:
+            return torch.bmm(self.local.transpose(1, 2), u.unsqueeze(-1)).squeeze(-1)
         e, r, c = self.index
         out = torch.zeros(self.shape[0], self.shape[2], device=self.local.device)
         if self.owner:
@@ -97,6 +101,8 @@ class _Block:
 
 def _summed(blocks: list[_Block], parts: list[torch.Tensor]) -> list[torch.Tensor]:
     """Sum each block's partial tensor over the (shared) mesh in one collective per mesh dim."""
+    if blocks[0].mesh is None:
+        return parts
     flat = blocks[0].sum(torch.cat([p.reshape(-1) for p in parts]))
     return [t.view_as(p) for t, p in zip(flat.split([p.numel() for p in parts]), parts)]
 
@@ -181,7 +187,11 @@ class StableRanks:
         out = {}
         for key in sorted(by_mesh, key=repr):  # the same order on every rank
             names = by_mesh[key]
-            results = _power_iterations([blocks[n] for n in names], [self.vectors.get(n) for n in names])
+            # Unsharded weights go one at a time (a matrix stays in cache through its
+            # iterations); sharded ones together (one collective per iteration for all).
+            batches = [[n] for n in names] if key == () else [names]
+            results = [r for batch in batches for r in _power_iterations(
+                [blocks[n] for n in batch], [self.vectors.get(n) for n in batch])]
             norms = _summed([blocks[n] for n in names],
                             [_local_frobenius_sq(blocks[n]) for n in names])
             for name, result, fro in zip(names, results, norms):

@@ -11,7 +11,8 @@ matrices at the first, middle and last checkpoint, the row-cosine map. It writes
                            (attention.wq, feed_forward.w1, moe.experts.w1, ...): mean
                            over layers as a line, min..max over layers as a band, per run
     cosine_<matrix>.png    row-cosine maps (e.g. cosine_layers_0_attention_wo.png)
-                           at the chosen steps (red +1, blue −1)
+                           at the chosen steps (--steps; default the first, middle
+                           and last checkpoint), red +1, blue −1
     sink_score.png         gamma/sink_score per layer from metrics.jsonl (live logs)
     condensation.md        the numbers: stable rank per type and step, where each
                            trajectory bottoms out, and the sink scores
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from gamma_titan.diagnostics.live import default_cosine_params
 from gamma_titan.diagnostics.spectral import StableRanks, row_cosine
 from gamma_titan.errors import ConfigError
 
@@ -103,16 +105,8 @@ def read_sink_scores(run_dir: Path) -> dict[int, list[tuple[int, float]]]:
     return sink
 
 
-def default_cosine_matrices(names: list[str]) -> list[str]:
-    """Layer 0's attention output projection and first FFN input projection."""
-    chosen = []
-    for candidates in (["layers.0.attention.wo.weight"],
-                       ["layers.0.feed_forward.w1.weight", "layers.0.moe.shared_experts.w1.weight"]):
-        chosen += [c for c in candidates if c in names][:1]
-    return chosen
-
-
-def analyse_run(run_dir: Path, cosine_matrices: list[str] | None, progress: bool = True) -> RunData:
+def analyse_run(run_dir: Path, cosine_matrices: list[str] | None, cosine_steps: list[int] | None = None,
+                progress: bool = True) -> RunData:
     from tqdm import tqdm
 
     checkpoints = find_checkpoints(run_dir)
@@ -121,12 +115,19 @@ def analyse_run(run_dir: Path, cosine_matrices: list[str] | None, progress: bool
                           "train with [checkpoint] enable = true")
     run = RunData(name=run_dir.resolve().name, steps=[s for s, _ in checkpoints])
     run.sink = read_sink_scores(run_dir)
-    picks = sorted({checkpoints[0][0], checkpoints[len(checkpoints) // 2][0], checkpoints[-1][0]})
+    if cosine_steps:
+        missing = sorted(set(cosine_steps) - set(run.steps))
+        if missing:
+            raise ConfigError(f"--steps {' '.join(map(str, missing))}: {run_dir} has checkpoints at steps "
+                              f"{', '.join(map(str, run.steps))}")
+        picks = sorted(set(cosine_steps))
+    else:
+        picks = sorted({checkpoints[0][0], checkpoints[len(checkpoints) // 2][0], checkpoints[-1][0]})
     ranks = StableRanks()
     for step, folder in tqdm(checkpoints, desc=f"{run.name}: checkpoints", disable=not progress):
         matrices = load_matrices(folder)
         if cosine_matrices is None:
-            cosine_matrices = default_cosine_matrices(list(matrices))
+            cosine_matrices = default_cosine_params(list(matrices), n_layers=1)  # layer 0's
         for name in cosine_matrices:
             if name not in matrices:
                 raise ConfigError(f"--matrices: {name!r} is not in {folder}; e.g. {', '.join(list(matrices)[:3])}")
@@ -250,12 +251,12 @@ def summary(runs: list[RunData], figures: list[str]) -> str:
 
 
 def write_report(run_dirs: list[Path], out: Path, cosine_matrices: list[str] | None = None,
-                 progress: bool = True) -> list[Path]:
+                 cosine_steps: list[int] | None = None, progress: bool = True) -> list[Path]:
     """Analyse the runs and write the report; returns the files written."""
     for run_dir in run_dirs:
         if not run_dir.is_dir():
             raise ConfigError(f"{run_dir}: no such run folder")
-    runs = [analyse_run(d, cosine_matrices, progress) for d in run_dirs]
+    runs = [analyse_run(d, cosine_matrices, cosine_steps, progress) for d in run_dirs]
     import matplotlib
 
     matplotlib.use("Agg")
