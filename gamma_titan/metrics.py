@@ -69,6 +69,8 @@ class GammaMetricsProcessor(MetricsProcessor):
         self._pending: tuple[int, dict[str, Any]] | None = None
         self._loggers = self.logger  # TensorBoard / W&B, as TorchTitan built them
         self.logger = _Tee(self)
+        # Set by GammaTrainer; TorchTitan's own Trainer (`-m torchtitan.train`) runs none.
+        self.diagnostics_attached = False
 
     def log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
         """TorchTitan's log, plus the MoE expert load (a collective: all ranks log)."""
@@ -76,6 +78,9 @@ class GammaMetricsProcessor(MetricsProcessor):
 
         group = self.parallel_dims.get_mesh("batch").get_group() if self.parallel_dims.dp_enabled else None
         extra = {**(extra_metrics or {}), **moe_load_metrics(self.model_parts or [], group)}
+        if step == 1 and self.job_config.gamma.diagnostics.enable and not self.diagnostics_attached:
+            logger.warning("gamma.diagnostics.enable is true, but this trainer does not run diagnostics: "
+                           "launch with -m gamma_titan.train (or gamma-titan train)")
         super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra)
 
     # --- diagnostics (gamma_titan/diagnostics) ------------------------------------------
@@ -112,7 +117,7 @@ class GammaMetricsProcessor(MetricsProcessor):
         v = self.job_config.validation
         due = {
             "train": self.should_log(step),
-            "diagnostics": diagnostics_due(self.job_config.gamma.diagnostics, step),
+            "diagnostics": self.diagnostics_attached and diagnostics_due(self.job_config.gamma.diagnostics, step),
             "validation": v.enable and (step == 1 or step % v.freq == 0),
         }
         return [stage for stage, is_due in due.items() if is_due]

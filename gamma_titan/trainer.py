@@ -24,6 +24,7 @@ class GammaTrainer(Trainer):
             tp = self.parallel_dims.get_optional_mesh("tp")
             self.diagnostics = LiveDiagnostics(cfg, self.model_parts[0], tokens,
                                                tp_group=tp.get_group() if tp is not None else None)
+            self.metrics_processor.diagnostics_attached = True
 
     def train_step(self, data_iterator):
         super().train_step(data_iterator)
