@@ -78,7 +78,7 @@ def cmd_report_condensation(ns, overrides: list[str]) -> int:
         raise ConfigError(f"unknown arguments: {' '.join(overrides)}")
     from pathlib import Path
 
-    from gamma_titan.report.condensation import write_report
+    from gamma_titan.reports.condensation import write_report
 
     runs = [Path(r) for r in ns.runs]
     out = Path(ns.out) if ns.out else runs[0] / "report"
