@@ -64,9 +64,10 @@ class _Block:
 
     @property
     def mesh_key(self) -> tuple:
-        """Blocks with equal keys live on the same logical mesh and can share collectives
-        (the same key on every rank, whichever slice of the mesh it is in)."""
-        return () if self.mesh is None else (tuple(self.mesh.shape), self.mesh.mesh_dim_names)
+        """Blocks with equal keys sum over the same process groups and can share collectives."""
+        if self.mesh is None:
+            return ()
+        return tuple(tuple(dist.get_process_group_ranks(self.mesh.get_group(d))) for d in range(self.mesh.ndim))
 
     def sum(self, t: torch.Tensor) -> torch.Tensor:
         """Sum over every rank of the weight's mesh (each entry comes from one owner)."""
@@ -185,7 +186,7 @@ class StableRanks:
         for name, block in blocks.items():
             by_mesh.setdefault(block.mesh_key, []).append(name)
         out = {}
-        for key in sorted(by_mesh, key=repr):  # the same order on every rank
+        for key in by_mesh:  # in parameter order, the same on every rank
             names = by_mesh[key]
             # Unsharded weights go one at a time (a matrix stays in cache through its
             # iterations); sharded ones together (one collective per iteration for all).
