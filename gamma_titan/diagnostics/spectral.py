@@ -96,10 +96,6 @@ class _Block:
             out[e, c] = torch.bmm(self.local.transpose(1, 2), u[e, r].unsqueeze(-1)).squeeze(-1)
         return out
 
-    def frobenius_sq(self) -> torch.Tensor:
-        return self.sum(_local_frobenius_sq(self))
-
-
 def _summed(blocks: list[_Block], parts: list[torch.Tensor]) -> list[torch.Tensor]:
     """Sum each block's partial tensor over the (shared) mesh in one collective per mesh dim."""
     if blocks[0].mesh is None:
@@ -159,12 +155,6 @@ def spectral_norm(weight: torch.Tensor, start: torch.Tensor | None = None,
     if weight.ndim == 2:
         return Spectral(result.sigma[0], result.vector[0], result.iterations)
     return result
-
-
-def frobenius_sq(weight: torch.Tensor) -> torch.Tensor:
-    """‖W‖_F² (per expert for a stack)."""
-    out = _Block(weight).frobenius_sq()
-    return out[0] if weight.ndim == 2 else out
 
 
 class StableRanks:
