@@ -2,7 +2,8 @@
 
     gamma-titan train CONFIG.toml [--nproc N] [--section.key value ...]
     gamma-titan inspect CONFIG.toml [--json] [--section.key value ...]
-    gamma-titan tokenizer train [--vocab-size N] [--force]
+    gamma-titan tokenizer train [--input SOURCE --out DIR] [--vocab-size N] [--force]
+    gamma-titan pretokenize --input SOURCE --tokenizer DIR --out DIR [--num-proc N] [--val-fraction F]
     gamma-titan report condensation RUN_DIR [RUN_DIR ...] [--out DIR] [--matrices NAME ...] [--steps N ...]
 
 `train` checks the config here, then starts `torchrun -m gamma_titan.train` with N
@@ -67,9 +68,29 @@ def cmd_inspect(ns, overrides: list[str]) -> int:
 def cmd_tokenizer_train(ns, overrides: list[str]) -> int:
     if overrides:
         raise ConfigError(f"unknown arguments: {' '.join(overrides)}")
-    from gamma_titan.data.tokenizer import ensure_builtin_tokenizer
+    from gamma_titan.data.tokenizer import ensure_builtin_tokenizer, train_tokenizer_from
 
-    print(ensure_builtin_tokenizer(ns.vocab_size, force=ns.force))
+    if ns.input is None:
+        if ns.out is not None:
+            raise ConfigError("--out: needs --input (without it, the built-in tokenizer is built in the cache)")
+        print(ensure_builtin_tokenizer(ns.vocab_size, force=ns.force))
+        return 0
+    if ns.out is None:
+        raise ConfigError("--out: required with --input (the folder to write the tokenizer to)")
+    print(train_tokenizer_from(ns.input, ns.vocab_size, ns.out, force=ns.force))
+    return 0
+
+
+def cmd_pretokenize(ns, overrides: list[str]) -> int:
+    if overrides:
+        raise ConfigError(f"unknown arguments: {' '.join(overrides)}")
+    from gamma_titan.data.pretokenize import pretokenize
+    from gamma_titan.data.tokenizer import resolve_tokenizer_path
+
+    tokenizer = resolve_tokenizer_path(ns.tokenizer, key="--tokenizer")
+    result = pretokenize(ns.input, tokenizer, ns.out, val_input=ns.val_input, val_fraction=ns.val_fraction,
+                         num_proc=ns.num_proc, docs_per_shard=ns.docs_per_shard, progress=not ns.quiet)
+    print(f"{ns.out}: {result.summary()}")
     return 0
 
 
@@ -102,10 +123,28 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.set_defaults(run=cmd_inspect)
 
     tok = sub.add_parser("tokenizer", help="tokenizers").add_subparsers(dest="action", required=True)
-    tok_train = tok.add_parser("train", help="train (once) the built-in byte-level BPE tokenizer")
+    tok_train = tok.add_parser("train", help="train a byte-level BPE tokenizer (default: the built-in one, cached)")
+    tok_train.add_argument("--input", help="text to train on: a .jsonl/.json/.parquet/.txt file or folder, "
+                                           "a save_to_disk folder or a hub id (records need a 'text' field)")
+    tok_train.add_argument("--out", help="folder to write tokenizer.json and tokenizer_config.json to")
     tok_train.add_argument("--vocab-size", type=int, default=4096)
-    tok_train.add_argument("--force", action="store_true", help="retrain even if cached")
+    tok_train.add_argument("--force", action="store_true", help="retrain even if cached / replace the one in --out")
     tok_train.set_defaults(run=cmd_tokenizer_train)
+
+    from gamma_titan.data.pretokenize import DEFAULT_DOCS_PER_SHARD
+
+    pre = sub.add_parser("pretokenize", help="tokenize text into token shards for dataset = \"memmap\"")
+    pre.add_argument("--input", required=True, help="documents: same sources as tokenizer train --input")
+    pre.add_argument("--tokenizer", required=True, help='tokenizer folder (tokenizer.json), or "builtin"')
+    pre.add_argument("--out", required=True, help="shard folder to write (rerun the same command to resume)")
+    pre.add_argument("--num-proc", type=int, default=1, help="tokenizing processes")
+    pre.add_argument("--val-fraction", type=float, default=0.0,
+                     help="fraction of documents held out for validation (by a hash of their text)")
+    pre.add_argument("--val-input", help="documents for the validation split (besides --val-fraction)")
+    pre.add_argument("--docs-per-shard", type=int, default=DEFAULT_DOCS_PER_SHARD,
+                     help="documents per work unit and shard")
+    pre.add_argument("--quiet", action="store_true", help="no progress bar")
+    pre.set_defaults(run=cmd_pretokenize)
 
     report = sub.add_parser("report", help="offline reports on runs").add_subparsers(dest="report", required=True)
     condensation = report.add_parser(

@@ -62,6 +62,20 @@ class Diagnostics:
 
 
 @dataclass
+class Data:
+    """How the shard datasets ("builtin", "memmap") are read (see gamma_titan/data/memmap.py)."""
+
+    mixture: dict[str, float] = field(default_factory=dict)
+    """Weights over the shard folders in dataset_path, e.g. { web = 0.7, code = 0.3 }; empty = one folder."""
+    shuffle: bool = True
+    """Training sequences in a fresh seeded order each epoch; false reads them in stream order."""
+    seed: int = 0
+    """Seed of that order (source i of a mixture uses seed + i)."""
+    on_exhausted: Literal["wrap", "stop"] = "wrap"
+    """At the end of the data: start a new epoch (logged), or stop training cleanly."""
+
+
+@dataclass
 class Gamma:
     init_rate: float = 1.0
     """γ: every weight matrix W ~ N(0, d_in^(-2γ)). 0.5 = standard scale, 1 = the paper's balance point."""
@@ -73,6 +87,7 @@ class Gamma:
     """Truncate the init normal at ± this many σ; 0 draws a plain normal, as in the paper."""
     init_rate_overrides: InitRateOverrides = field(default_factory=InitRateOverrides)
     diagnostics: Diagnostics = field(default_factory=Diagnostics)
+    data: Data = field(default_factory=Data)
 
 
 @dataclass
@@ -141,6 +156,25 @@ def check_gamma(gamma: Gamma) -> None:
         if value is not None:
             _check_init_rate(f"gamma.init_rate_overrides.{group}", value)
     _check_diagnostics(gamma.diagnostics)
+    _check_data(gamma.data)
+
+
+def _check_data(d: Data) -> None:
+    from gamma_titan.data.packed import ON_EXHAUSTED
+
+    if not isinstance(d.mixture, dict):
+        raise ConfigError(f"gamma.data.mixture = {d.mixture!r}: must be a table of folder = weight")
+    for name, weight in d.mixture.items():
+        if not _is_number(weight) or weight < 0:
+            raise ConfigError(f"gamma.data.mixture.{name} = {weight!r}: a weight must be a number >= 0")
+    if d.mixture and not sum(d.mixture.values()) > 0:
+        raise ConfigError("gamma.data.mixture: the weights sum to 0; they must sum to a positive number")
+    if not isinstance(d.shuffle, bool):
+        raise ConfigError(f"gamma.data.shuffle = {d.shuffle!r}: must be true or false")
+    if not isinstance(d.seed, int) or isinstance(d.seed, bool) or d.seed < 0:
+        raise ConfigError(f"gamma.data.seed = {d.seed!r}: must be an integer >= 0")
+    if d.on_exhausted not in ON_EXHAUSTED:
+        raise ConfigError(f"gamma.data.on_exhausted = {d.on_exhausted!r}: allowed {', '.join(ON_EXHAUSTED)}")
 
 
 def _check_diagnostics(d: Diagnostics) -> None:
@@ -304,7 +338,8 @@ def load_job_config(argv: list[str]):
         raw = dict(toml["gamma"])
         overrides = InitRateOverrides(**raw.pop("init_rate_overrides", {}))
         diagnostics = Diagnostics(**raw.pop("diagnostics", {}))
-        check_gamma(Gamma(**raw, init_rate_overrides=overrides, diagnostics=diagnostics))
+        data = Data(**raw.pop("data", {}))
+        check_gamma(Gamma(**raw, init_rate_overrides=overrides, diagnostics=diagnostics, data=data))
     config = _parse_quietly(_normalise_cli(merged, argv))
     check_gamma(config.gamma)
     return config

@@ -101,14 +101,13 @@ def check_training(config) -> None:
                                   "(quantize.linear.float8.emulate)")
 
 
-def check_data(config, args) -> None:
-    """Dataset names and paths, and a tokenizer whose vocabulary fits the model."""
+def check_data(config, args, world_size: int = 1) -> None:
+    """Dataset names and paths (shard datasets: opened, so every shard is checked), and a
+    tokenizer whose vocabulary fits the model."""
     from gamma_titan.data.datasets import check_dataset
+    from gamma_titan.data.memmap import is_shard_dataset, open_samples
     from gamma_titan.data.tokenizer import resolve_tokenizer_path, tokenizer_vocab_size
 
-    check_dataset(config.training.dataset, config.training.dataset_path, "training.dataset")
-    if config.validation.enable:
-        check_dataset(config.validation.dataset, config.validation.dataset_path, "validation.dataset")
     path = resolve_tokenizer_path(config.model.hf_assets_path)
     vocab = tokenizer_vocab_size(path)
     if vocab > args.vocab_size:
@@ -116,18 +115,35 @@ def check_data(config, args) -> None:
             f"model.hf_assets_path: the tokenizer at {path} has {vocab} tokens but "
             f"model_args.vocab_size = {args.vocab_size}; use vocab_size >= {vocab}"
         )
+    p = config.parallelism
+    dp = max(1, world_size // (p.tensor_parallel_degree * p.pipeline_parallel_degree * p.context_parallel_degree))
+    sections = [("training", config.training.seq_len, config.training.local_batch_size)]
+    if config.validation.enable or config.gamma.diagnostics.enable:  # the probe batch reads validation data
+        sections.append(("validation", config.validation.seq_len, config.validation.local_batch_size))
+    for section, seq_len, batch in sections:
+        cfg = getattr(config, section)
+        check_dataset(cfg.dataset, cfg.dataset_path, section)
+        if not is_shard_dataset(cfg.dataset):
+            continue
+        samples = open_samples(config, section, seq_len, path)
+        stops = config.validation.enable if section == "validation" else config.gamma.data.on_exhausted == "stop"
+        if stops and samples.epoch_samples < dp * batch:
+            raise ConfigError(
+                f"{section}.dataset: {samples.epoch_samples} sequences of seq_len {seq_len}, fewer than one "
+                f"global batch ({dp} x {batch}); add data or lower {section}.seq_len or local_batch_size")
 
 
 def check_diagnostics(config, spec, args) -> None:
     """The probe batch's dataset and the weights named for row-cosine maps."""
-    from gamma_titan.data.datasets import check_dataset
+    from gamma_titan.data.loader import probe_tokens
+    from gamma_titan.data.memmap import is_shard_dataset
     from gamma_titan.diagnostics.live import weight_matrices
 
     d = config.gamma.diagnostics
     if not d.enable:
         return
-    if not config.validation.enable:  # else check_data has checked it
-        check_dataset(config.validation.dataset, config.validation.dataset_path, "validation.dataset")
+    if is_shard_dataset(config.validation.dataset):  # cheap: reads probe_batch sequences
+        probe_tokens(config, d.probe_batch, tokenizer=None)
     if d.cosine_params:
         import torch
 
@@ -144,7 +160,7 @@ def preflight(config, world_size: int | None = None):
     spec, args = resolve_model(config)
     check_training(config)
     check_parallelism(config, _world_size() if world_size is None else world_size, args)
-    check_data(config, args)
+    check_data(config, args, _world_size() if world_size is None else world_size)
     check_diagnostics(config, spec, args)
     return spec, args
 

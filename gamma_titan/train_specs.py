@@ -4,11 +4,10 @@ from torchtitan.components.loss import build_cross_entropy_loss
 from torchtitan.components.lr_scheduler import build_lr_schedulers
 from torchtitan.components.optimizer import build_optimizers, build_optimizers_with_moe_load_balancing
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
-from torchtitan.components.validate import build_validator
 from torchtitan.protocols import train_spec as _train_spec_module
 from torchtitan.protocols.train_spec import TrainSpec, register_train_spec
 
-from gamma_titan.data.loader import build_dataloader
+from gamma_titan.data.loader import build_dataloader, build_validator
 from gamma_titan.metrics import build_metrics_processor
 from gamma_titan.models.dense import GammaDense, dense_flavors
 from gamma_titan.models.dense.parallelize import parallelize_dense

@@ -3,6 +3,7 @@ written, the condensation report reads the run, and the torch.compile and float8
 (emulated) paths run."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -13,14 +14,17 @@ from helpers import DEBUG_TOML, REPO, read_metrics, run_trainer
 pytestmark = pytest.mark.multiprocess
 
 
+DEBUG_RUN = ("--metrics.log_freq", "1", "--validation.freq", "30", "--validation.steps", "4",
+             "--gamma.diagnostics.freq", "10", "--checkpoint.enable", "true", "--checkpoint.interval", "10",
+             "--checkpoint.keep_latest_k", "0")
+
+
 @pytest.fixture(scope="module")
 def debug_run(tmp_path_factory, builtin_assets):
     """30 steps of configs/dense/debug.toml (γ = 1, elementwise gate), diagnostics every
     10 steps, a checkpoint every 10 steps (all kept)."""
     dump = tmp_path_factory.mktemp("debug") / "run"
-    run_trainer(dump, "--training.steps", "30", "--metrics.log_freq", "5",
-                "--validation.freq", "30", "--validation.steps", "4", "--gamma.diagnostics.freq", "10",
-                "--checkpoint.enable", "true", "--checkpoint.interval", "10", "--checkpoint.keep_latest_k", "0")
+    run_trainer(dump, *DEBUG_RUN, "--training.steps", "30")
     return dump
 
 
@@ -48,7 +52,7 @@ def test_debug_run_loss_falls_and_logs(debug_run):
     dump = debug_run
     records = read_metrics(dump)
     train = [r for r in records if "loss" in r]
-    assert [r["step"] for r in records] == [1, 5, 10, 15, 20, 25, 30]
+    assert [r["step"] for r in records] == list(range(1, 31))
     for r in train:
         assert {"step", "loss", "grad_norm", "lr", "tps"} <= set(r)
     assert train[-1]["loss"] < train[0]["loss"] - 1.0
@@ -108,15 +112,18 @@ def test_condensation_report_from_the_runs_checkpoints(debug_run, tmp_path):
         assert value == pytest.approx(mean, abs=0.006)
 
 
-def test_metrics_file_is_appended_not_overwritten(tmp_path, builtin_assets):
+def test_resume_trains_on_the_same_batches_and_appends_metrics(debug_run, tmp_path):
+    """A run resumed from debug_run's step-20 checkpoint (model, optimizer, schedule and the
+    data loader's position) reproduces its losses bitwise, and appends to metrics.jsonl."""
     dump = tmp_path / "run"
-    dump.mkdir()
+    shutil.copytree(debug_run / "checkpoint" / "step-20", dump / "checkpoint" / "step-20")
     (dump / "metrics.jsonl").write_text(json.dumps({"step": 0, "note": "earlier run"}) + "\n")
-    run_trainer(dump, "--training.steps", "2", "--metrics.log_freq", "1",
-                "--validation.enable", "false", "--metrics.enable_tensorboard", "false")
+    run_trainer(dump, *DEBUG_RUN, "--training.steps", "22", "--metrics.enable_tensorboard", "false")
     records = read_metrics(dump)
     assert records[0] == {"step": 0, "note": "earlier run"}
-    assert [r["step"] for r in records[1:]] == [1, 2]
+    assert [r["step"] for r in records[1:]] == [21, 22]
+    original = {r["step"]: r["loss"] for r in read_metrics(debug_run)}
+    assert [r["loss"] for r in records[1:]] == [original[21], original[22]]
 
 
 @pytest.mark.parametrize("variant", ["compile", "float8"])

@@ -9,9 +9,8 @@ checkpointable state and per-rank sharding unchanged. Each entry is a `DatasetCo
 TorchTitan passes `training.dataset_path` (or `validation.dataset_path`) to the loader, or
 `DatasetConfig.path` when that is unset, and lower-cases the dataset name.
 
-Names:
-  builtin             train split of the built-in corpus (see builtin_corpus.py)
-  builtin_validation  its held-out validation split
+Names (the shard datasets "builtin", "builtin_validation" and "memmap" are not text
+datasets: see memmap.py):
   hf                  your data; `dataset_path` is one of
                         * a local .jsonl / .json / .parquet / .txt file,
                         * a local folder of such files (searched recursively, one kind only),
@@ -32,29 +31,22 @@ import logging
 import os
 import re
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+from datasets import DatasetDict, load_dataset, load_from_disk
 from torchtitan.hf_datasets import DatasetConfig
 from torchtitan.hf_datasets.text_datasets import DATASETS
 
-from gamma_titan.data.builtin_corpus import builtin_texts
 from gamma_titan.data.cache import cache_dir
+from gamma_titan.data.memmap import SHARD_DATASETS
 from gamma_titan.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-BUILTIN = "builtin"
-BUILTIN_VALIDATION = "builtin_validation"
 HF = "hf"
 
 TEXT_FIELD = "text"
-
-# DatasetConfig.path of the builtin entries: the real folder is only known (and built) when
-# the loader runs, so the registry holds a placeholder, which also shows in TorchTitan's log.
-BUILTIN_PATH = "<gamma-titan builtin corpus>"
 
 # File suffix -> packaged `datasets` builder that reads it.
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
@@ -80,21 +72,6 @@ def _text_of(sample: dict[str, Any]) -> str:
             f"dataset record has no '{TEXT_FIELD}' field (fields: {sorted(sample)}); "
             f"the 'hf' dataset reads the '{TEXT_FIELD}' field"
         ) from None
-
-
-# --------------------------------------------------------------------------- builtin corpus
-
-
-def _load_builtin(path: str, *, split: str) -> Dataset:
-    if path != BUILTIN_PATH:
-        raise ConfigError(
-            f"dataset_path: must be unset for the builtin datasets (got '{path}'); "
-            'use dataset = "hf" to read your own data'
-        )
-    texts = builtin_texts(split)
-    logger.info("builtin corpus %s split: %d documents", split, len(texts))
-    # In memory (a few MB): no arrow cache files, nothing shared between ranks.
-    return Dataset.from_dict({TEXT_FIELD: texts})
 
 
 # --------------------------------------------------------------------------- "hf" sources
@@ -166,7 +143,7 @@ def _local_source(local: Path, split: str | None, value: str, key: str) -> Sourc
                 f"{key}: '{value}' has an unsupported file type; "
                 f"allowed: {', '.join(FILE_BUILDERS)}"
             )
-        return Source("files", str(local), builder, (str(local),))
+        return _nonempty(Source("files", str(local), builder, (str(local),)), value, key)
 
     files = sorted(
         p
@@ -186,7 +163,13 @@ def _local_source(local: Path, split: str | None, value: str, key: str) -> Sourc
             f"{key}: folder '{value}' mixes file types ({', '.join(sorted(builders))}); "
             "put one kind of file in a folder"
         )
-    return Source("files", str(local), builders.pop(), tuple(str(p) for p in files))
+    return _nonempty(Source("files", str(local), builders.pop(), tuple(str(p) for p in files)), value, key)
+
+
+def _nonempty(source: Source, value: str, key: str) -> Source:
+    if all(os.path.getsize(f) == 0 for f in source.files):  # `datasets` fails obscurely on these
+        raise ConfigError(f"{key}: '{value}' is empty (no documents)")
+    return source
 
 
 def _arrow_cache_dir() -> str | None:
@@ -244,16 +227,6 @@ def _load_hf(path: str) -> Any:
 # --------------------------------------------------------------------------- registry
 
 _OUR_DATASETS = {
-    BUILTIN: DatasetConfig(
-        path=BUILTIN_PATH,
-        loader=partial(_load_builtin, split="train"),
-        sample_processor=_text_of,
-    ),
-    BUILTIN_VALIDATION: DatasetConfig(
-        path=BUILTIN_PATH,
-        loader=partial(_load_builtin, split="validation"),
-        sample_processor=_text_of,
-    ),
     # Empty default path: the loader then reports that dataset_path is required.
     HF: DatasetConfig(path="", loader=_load_hf, sample_processor=_text_of),
 }
@@ -276,17 +249,13 @@ def check_dataset(name: str, path: str | None, key: str) -> None:
     name_key, path_key = f"{section}.dataset", f"{section}.dataset_path"
     lowered = (name or "").lower()  # TorchTitan lower-cases the name too
 
-    if lowered not in DATASETS:
+    if lowered not in DATASETS and lowered not in SHARD_DATASETS:
         raise ConfigError(
-            f"{name_key}: unknown dataset '{name}'; allowed: {', '.join(sorted(DATASETS))}"
+            f"{name_key}: unknown dataset '{name}'; "
+            f"allowed: {', '.join(sorted({*DATASETS, *SHARD_DATASETS}))}"
         )
-    if lowered in (BUILTIN, BUILTIN_VALIDATION):
-        if path:
-            raise ConfigError(
-                f"{path_key}: must be unset for dataset '{lowered}' (got '{path}'); "
-                'use dataset = "hf" to read your own data'
-            )
-        return
+    if lowered in SHARD_DATASETS:
+        return  # needs the whole job config: memmap.open_samples checks it
     if lowered == HF:
         parse_source(path, path_key)
         return

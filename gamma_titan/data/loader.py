@@ -1,49 +1,104 @@
-"""The training dataloader TorchTitan's Trainer gets (TrainSpec.build_dataloader_fn).
+"""The dataloaders TorchTitan's Trainer and Validator get.
 
-`training.dataset = "builtin"` packs the built-in corpus into one token stream and cuts
-DP-invariant samples from it (`PackedSequences`): the same global batches at any data
-parallel degree. Every other dataset goes through TorchTitan's own streaming text
-loader (`build_text_dataloader`), with the sources registered in `datasets.py`.
+Shard datasets ("builtin", "builtin_validation", "memmap"; memmap.py) are read as
+`PackedSequences` over their global sample sequence: DP-invariant, checkpointed, no
+tokenization in the training process. Every other name ("hf", TorchTitan's own) goes
+through TorchTitan's streaming text loader with the sources registered in datasets.py.
+
+TorchTitan's Validator builds its dataloader itself, by calling the module-level
+`build_text_validation_dataloader` of torchtitan.components.validate; `build_validator`
+points that one name at ours while the Validator is constructed.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict
 
-import torch
+from torchtitan.components import validate as titan_validate
 from torchtitan.components.dataloader import ParallelAwareDataloader
-from torchtitan.hf_datasets.text_datasets import build_text_dataloader
+from torchtitan.hf_datasets.text_datasets import build_text_dataloader, build_text_validation_dataloader
 
-from gamma_titan.data.builtin_corpus import builtin_texts
+from gamma_titan.data.memmap import is_shard_dataset, open_samples
 from gamma_titan.data.packed import PackedSequences
+from gamma_titan.errors import ConfigError
 
-PACKED_DATASETS = ("builtin",)
+
+def _check_workers(section, key: str) -> None:
+    if section.dataloader.num_workers:
+        raise ConfigError(f"{key}.dataloader.num_workers = {section.dataloader.num_workers}: must be 0 for "
+                          f"dataset '{section.dataset}' (reads are memory-mapped; workers would only copy them)")
 
 
-def builtin_tokens(tokenizer, split: str = "train") -> torch.Tensor:
-    """The built-in corpus split as one stream: BOS, document, EOS, BOS, ..."""
-    ids: list[int] = []
-    for text in builtin_texts(split):
-        ids.extend(tokenizer.encode(text, add_bos=True, add_eos=True))
-    return torch.tensor(ids, dtype=torch.int32)
+def shard_dataloader(dataset: PackedSequences, dp_rank: int, dp_world_size: int, dataloader_config):
+    """TorchTitan's checkpointable dataloader around a `PackedSequences`, which yields whole
+    batches itself (batch_size=None: no per-sample collation)."""
+    return ParallelAwareDataloader(dataset, dp_rank=dp_rank, dp_world_size=dp_world_size,
+                                   **{**asdict(dataloader_config), "batch_size": None})
 
 
 def build_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config, infinite: bool = True):
     training = job_config.training
-    if training.dataset not in PACKED_DATASETS:
+    if not is_shard_dataset(training.dataset):
         return build_text_dataloader(dp_world_size, dp_rank, tokenizer, job_config, infinite)
-    dataset = PackedSequences(
-        builtin_tokens(tokenizer, "train"),
-        training.seq_len,
-        dp_rank,
-        dp_world_size,
-        training.local_batch_size,
-        infinite=infinite,
-        name=training.dataset,
-    )
-    return ParallelAwareDataloader(
-        dataset,
-        dp_rank=dp_rank,
-        dp_world_size=dp_world_size,
-        **{**asdict(training.dataloader), "batch_size": training.local_batch_size},
-    )
+    _check_workers(training, "training")
+    samples = open_samples(job_config, "training", training.seq_len)
+    on_exhausted = job_config.gamma.data.on_exhausted if infinite else "stop"
+    dataset = PackedSequences(samples, dp_rank, dp_world_size, training.local_batch_size,
+                              on_exhausted=on_exhausted, name=f"training.dataset '{training.dataset}'")
+    return shard_dataloader(dataset, dp_rank, dp_world_size, training.dataloader)
+
+
+def build_validation_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config, infinite: bool = False):
+    """Same signature as TorchTitan's `build_text_validation_dataloader`. Every validation pass
+    starts again from the first sequence, so val_loss is measured on the same data each time."""
+    v = job_config.validation
+    if not is_shard_dataset(v.dataset):
+        return build_text_validation_dataloader(dp_world_size, dp_rank, tokenizer, job_config, infinite)
+    _check_workers(v, "validation")
+    samples = open_samples(job_config, "validation", v.seq_len)
+    dataset = PackedSequences(samples, dp_rank, dp_world_size, v.local_batch_size,
+                              on_exhausted="wrap" if infinite else "stop", restart=True,
+                              name=f"validation.dataset '{v.dataset}'", key="validation.dataset")
+    return shard_dataloader(dataset, dp_rank, dp_world_size, v.dataloader)
+
+
+@contextlib.contextmanager
+def _our_validation_dataloader():
+    original = titan_validate.build_text_validation_dataloader
+    titan_validate.build_text_validation_dataloader = build_validation_dataloader
+    try:
+        yield
+    finally:
+        titan_validate.build_text_validation_dataloader = original
+
+
+def build_validator(*args, **kwargs):
+    """TorchTitan's `build_validator`, reading shard datasets with our loader."""
+    with _our_validation_dataloader():
+        return titan_validate.build_validator(*args, **kwargs)
+
+
+def probe_tokens(job_config, n: int, tokenizer):
+    """The first `n` sequences (training seq_len) of the validation data, as (n, seq_len)
+    token ids, read without a DataLoader (which would draw from the global RNG)."""
+    import itertools
+
+    import torch
+
+    v, seq_len = job_config.validation, job_config.training.seq_len
+    if is_shard_dataset(v.dataset):
+        samples = open_samples(job_config, "validation", seq_len)
+        rows = [torch.from_numpy(samples.get(g)[:-1].astype("int64"))
+                for g in range(min(n, samples.epoch_samples))]
+    else:
+        from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataset
+
+        dataset = HuggingFaceTextDataset(dataset_name=v.dataset, dataset_path=v.dataset_path,
+                                         tokenizer=tokenizer, seq_len=seq_len,
+                                         dp_rank=0, dp_world_size=1, infinite=False)
+        rows = [sample["input"] for sample, _ in itertools.islice(dataset, n)]
+    if len(rows) < n:
+        raise ConfigError(f"gamma.diagnostics.probe_batch = {n}: validation.dataset {v.dataset!r} has only "
+                          f"{len(rows)} sequences of training.seq_len = {seq_len}")
+    return torch.stack(rows)

@@ -1,67 +1,85 @@
-"""Fixed-length samples cut from one token stream, in an order that does not depend on
-the data-parallel degree.
+"""A data-parallel rank's share of a global sample sequence (sampling.py), as the
+checkpointable dataset TorchTitan's dataloader iterates.
 
-Sample i is tokens[i·L : i·L + L + 1] (input = first L, label = last L). Global batch k
-is samples k·W·B ... (k+1)·W·B − 1; data-parallel rank r of W, with local batch B, takes
-the r-th slice of B. So one process with batch W·B sees exactly the union of what W
-processes with batch B see: runs at different FSDP degrees train on the same data,
-which is what makes them comparable step by step. After the last sample the stream wraps
-to a new epoch (logged), or stops when `infinite=False`.
+Global batch k is samples k·W·B ... (k+1)·W·B − 1; data-parallel rank r of W, with local
+batch B, takes the r-th slice of B. So one process with batch W·B sees exactly the union of
+what W processes with batch B see: runs at different FSDP degrees train on the same data,
+which is what makes them comparable step by step. The state is the number of samples this
+rank has taken, so a resumed run continues with the very next batch.
+
+It yields whole local batches (B, L) rather than samples: the dataloader then does no
+per-sample collation (build it with batch_size=None, as `loader.shard_dataloader` does),
+which is most of the cost of a memory-mapped read.
+
+When the first epoch of a stream ends, training either wraps (`on_exhausted = "wrap"`, the
+stream logs it) or stops before the first global batch that would need a wrapped sample
+(`"stop"`; every rank stops at the same batch, so none waits for the others). Validation
+restarts from sample 0 on every pass (`restart=True`).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Iterator
 
+import numpy as np
 import torch
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import IterableDataset
 
 from gamma_titan.errors import ConfigError
 
+logger = logging.getLogger(__name__)
+
+ON_EXHAUSTED = ("wrap", "stop")
+
 
 class PackedSequences(IterableDataset, Stateful):
-    def __init__(
-        self,
-        tokens: torch.Tensor,
-        seq_len: int,
-        dp_rank: int,
-        dp_world_size: int,
-        local_batch_size: int,
-        infinite: bool = True,
-        name: str = "dataset",
-    ):
-        self.tokens = tokens.to(torch.int64)
-        self.seq_len = seq_len
+    def __init__(self, samples, dp_rank: int, dp_world_size: int, local_batch_size: int, *,
+                 on_exhausted: str = "wrap", restart: bool = False, name: str = "dataset",
+                 key: str = "training.dataset"):
+        if on_exhausted not in ON_EXHAUSTED:
+            raise ConfigError(f"gamma.data.on_exhausted = {on_exhausted!r}: allowed {', '.join(ON_EXHAUSTED)}")
+        self.samples = samples
         self.rank, self.world, self.batch = dp_rank, dp_world_size, local_batch_size
-        self.infinite = infinite
-        self.name = name
-        self.n_samples = (len(self.tokens) - 1) // seq_len
-        if self.n_samples < dp_world_size * local_batch_size:
+        self.stop = on_exhausted == "stop"
+        self.restart, self.name = restart, name
+        if self.stop and samples.epoch_samples < dp_world_size * local_batch_size:
             raise ConfigError(
-                f"training.dataset = {name!r}: {len(self.tokens)} tokens make {self.n_samples} "
-                f"samples of seq_len {seq_len}, fewer than one global batch "
-                f"({dp_world_size} x {local_batch_size}); lower training.seq_len or the batch size"
-            )
+                f"{key} = {name!r}: {samples.epoch_samples} sequences, fewer than one global batch "
+                f"({dp_world_size} x {local_batch_size}); add data or lower the seq_len or batch size")
         self._consumed = 0  # samples this rank has yielded
 
     def _global_index(self, consumed: int) -> int:
         k, j = divmod(consumed, self.batch)  # global batch, position in the local batch
         return k * self.world * self.batch + self.rank * self.batch + j
 
-    def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
-        from torchtitan.tools.logging import logger
+    def _batch_exhausted(self, k: int) -> str | None:
+        """Name of a stream that global batch k would take past its first epoch, if any."""
+        size = self.world * self.batch
+        for g in range(k * size, (k + 1) * size):
+            name = self.samples.first_exhausted(g)
+            if name is not None:
+                return name
+        return None
 
+    def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        if self.restart:
+            self._consumed = 0
         while True:
-            g = self._global_index(self._consumed)
-            epoch, i = divmod(g, self.n_samples)
-            if epoch > 0 and not self.infinite:
-                return
-            if i == 0 and epoch > 0 and self.rank == 0:
-                logger.warning(f"{self.name}: starting epoch {epoch + 1} ({self.n_samples} samples each)")
-            window = self.tokens[i * self.seq_len : (i + 1) * self.seq_len + 1]
-            self._consumed += 1
-            yield {"input": window[:-1]}, window[1:]
+            k, j = divmod(self._consumed, self.batch)
+            if self.stop:
+                name = self._batch_exhausted(k)
+                if name is not None:
+                    if not self.restart:
+                        logger.warning("%s: end of data (%s has no unseen sequences left for global batch %d); "
+                                       "stopping, as gamma.data.on_exhausted = \"stop\" asks", self.name, name, k + 1)
+                    return
+            # The rest of the local batch (all of it, unless a checkpoint was taken mid-batch).
+            rows = [self.samples.get(self._global_index(c)) for c in range(self._consumed, (k + 1) * self.batch)]
+            window = torch.from_numpy(np.stack(rows).astype(np.int64))
+            self._consumed += len(rows)
+            yield {"input": window[:, :-1]}, window[:, 1:]
 
     def state_dict(self) -> dict[str, Any]:
         return {"consumed": self._consumed}

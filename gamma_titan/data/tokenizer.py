@@ -142,6 +142,29 @@ def ensure_builtin_tokenizer(vocab_size: int = DEFAULT_BUILTIN_VOCAB, force: boo
     return build_once(cache_dir() / "tokenizer" / name, build, force)
 
 
+def train_tokenizer_from(source: str, vocab_size: int, out_dir: str | Path, *, force: bool = False) -> Path:
+    """`gamma-titan tokenizer train --input SOURCE`: a tokenizer trained on any `datasets`
+    source the "hf" dataset reads (local jsonl/json/parquet/txt, save_to_disk folder, hub id)."""
+    from gamma_titan.data.datasets import TEXT_FIELD, load_source, parse_source
+
+    if vocab_size < MIN_VOCAB_SIZE:
+        raise ConfigError(f"--vocab-size {vocab_size}: must be an integer >= {MIN_VOCAB_SIZE}")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())) and not force:
+        raise ConfigError(f"--out: {out_dir} exists and is not empty; use another folder, "
+                          "or --force to replace the tokenizer in it")
+    ds = load_source(parse_source(source, "--input"), source)
+
+    def batches() -> Iterable[list[str]]:
+        for batch in ds.iter(batch_size=1000):  # Dataset and IterableDataset alike
+            yield batch[TEXT_FIELD]
+
+    try:
+        return train_bpe_tokenizer(batches(), vocab_size, out_dir)
+    except ValueError as err:
+        raise ConfigError(f"--vocab-size {vocab_size}: too large for {source} ({err}); use a smaller one") from None
+
+
 def is_tokenizer_dir(path: Path) -> bool:
     """True if `path` holds files TorchTitan's HuggingFaceTokenizer can load as BPE."""
     return (path / "tokenizer.json").is_file() or (
@@ -149,7 +172,7 @@ def is_tokenizer_dir(path: Path) -> bool:
     )
 
 
-def resolve_tokenizer_path(value: str) -> Path:
+def resolve_tokenizer_path(value: str, key: str = HF_ASSETS_KEY) -> Path:
     """Turn the `model.hf_assets_path` value into a tokenizer folder.
 
     "builtin" -> the cached built-in tokenizer (4096 tokens); "builtin:<n>" -> one with n
@@ -163,7 +186,7 @@ def resolve_tokenizer_path(value: str) -> Path:
         size = text.removeprefix("builtin:")
         if not re.fullmatch(r"[0-9]+", size) or int(size) < MIN_VOCAB_SIZE:
             raise ConfigError(
-                f"{HF_ASSETS_KEY}: '{text}' has a bad vocabulary size; "
+                f"{key}: '{text}' has a bad vocabulary size; "
                 f'use "builtin" or "builtin:<n>" with an integer n >= {MIN_VOCAB_SIZE}'
             )
         return ensure_builtin_tokenizer(int(size))
@@ -171,12 +194,12 @@ def resolve_tokenizer_path(value: str) -> Path:
     path = Path(text).expanduser()
     if not path.exists():
         raise ConfigError(
-            f"{HF_ASSETS_KEY}: '{text}' does not exist; "
+            f"{key}: '{text}' does not exist; "
             'use "builtin" or a local folder with tokenizer.json'
         )
     if not (path.is_dir() and is_tokenizer_dir(path)):
         raise ConfigError(
-            f"{HF_ASSETS_KEY}: '{text}' is not a tokenizer folder (no tokenizer.json); "
+            f"{key}: '{text}' is not a tokenizer folder (no tokenizer.json); "
             'use "builtin" or a local folder with tokenizer.json'
         )
     return path.resolve()

@@ -18,13 +18,11 @@ collectives) on the same batch, so results do not depend on the data-parallel de
 from __future__ import annotations
 
 import contextlib
-import itertools
 import time
 
 import torch
 from torch import nn
 
-from gamma_titan.errors import ConfigError
 from gamma_titan.init import canonical_name
 
 from .probe import ActivationProbe
@@ -71,20 +69,10 @@ def cosine_image(similarity: torch.Tensor) -> torch.Tensor:
 
 def build_probe_batch(job_config, tokenizer) -> torch.Tensor:
     """The first `probe_batch` sequences (training seq_len) of the validation dataset, as
-    (probe_batch, seq_len) token ids; the same on every rank. Read without a DataLoader,
-    which would draw from the global RNG."""
-    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataset
+    (probe_batch, seq_len) token ids; the same on every rank."""
+    from gamma_titan.data.loader import probe_tokens
 
-    v, n = job_config.validation, job_config.gamma.diagnostics.probe_batch
-    dataset = HuggingFaceTextDataset(
-        dataset_name=v.dataset, dataset_path=v.dataset_path, tokenizer=tokenizer,
-        seq_len=job_config.training.seq_len, dp_rank=0, dp_world_size=1, infinite=False,
-    )
-    rows = [sample["input"] for sample, _ in itertools.islice(dataset, n)]
-    if len(rows) < n:
-        raise ConfigError(f"gamma.diagnostics.probe_batch = {n}: validation.dataset {v.dataset!r} has only "
-                          f"{len(rows)} sequences of training.seq_len = {job_config.training.seq_len}")
-    return torch.stack(rows)
+    return probe_tokens(job_config, job_config.gamma.diagnostics.probe_batch, tokenizer)
 
 
 class LiveDiagnostics:

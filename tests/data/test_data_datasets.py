@@ -11,13 +11,7 @@ import pandas as pd
 import pytest
 import torch
 from datasets import Dataset, DatasetDict
-from torchtitan.config import JobConfig
-from torchtitan.hf_datasets.text_datasets import (
-    DATASETS,
-    HuggingFaceTextDataset,
-    build_text_dataloader,
-    build_text_validation_dataloader,
-)
+from torchtitan.hf_datasets.text_datasets import DATASETS, HuggingFaceTextDataset
 
 from gamma_titan.data.datasets import check_dataset, parse_source, register_datasets
 from gamma_titan.errors import ConfigError
@@ -55,52 +49,6 @@ def _texts(name, path):
     """What TorchTitan's loader for `name` yields for `path`, as plain strings."""
     config = DATASETS[name]
     return [config.sample_processor(s) for s in config.loader(path)]
-
-
-# ---- builtin --------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("name", ["builtin", "builtin_validation", "BUILTIN"])
-def test_builtin_through_torchtitan(name, titan_tokenizer, builtin_corpus):
-    ds = HuggingFaceTextDataset(name, None, titan_tokenizer, seq_len=SEQ_LEN)
-    assert isinstance(ds._data, Dataset)  # map-style: resumes by sample index
-    first, *_ = _check_samples(ds, titan_tokenizer, 5)
-    assert first[0]["input"][0] == titan_tokenizer.bos_id
-
-
-def test_builtin_resumes_from_state(titan_tokenizer, builtin_corpus):
-    ds = HuggingFaceTextDataset("builtin", None, titan_tokenizer, seq_len=SEQ_LEN)
-    it = iter(ds)
-    for _ in range(40):
-        next(it)
-    state = ds.state_dict()
-    expected = [next(it) for _ in range(3)]
-
-    resumed = HuggingFaceTextDataset("builtin", None, titan_tokenizer, seq_len=SEQ_LEN)
-    resumed.load_state_dict(state)
-    for (x, y), (ex, ey) in zip(iter(resumed), expected):
-        assert torch.equal(x["input"], ex["input"]) and torch.equal(y, ey)
-
-
-def test_builtin_through_torchtitan_dataloaders(titan_tokenizer, builtin_corpus):
-    job = JobConfig()
-    job.training.dataset = "builtin"
-    job.validation.dataset = "builtin_validation"
-    for section in (job.training, job.validation):
-        section.local_batch_size, section.seq_len = 2, SEQ_LEN
-    for build in (build_text_dataloader, build_text_validation_dataloader):
-        inputs, labels = next(iter(build(1, 0, titan_tokenizer, job)))
-        assert inputs["input"].shape == labels.shape == (2, SEQ_LEN)
-
-
-def test_builtin_shards_are_disjoint(titan_tokenizer, builtin_corpus):
-    ranks = [
-        HuggingFaceTextDataset(
-            "builtin", None, titan_tokenizer, SEQ_LEN, dp_rank=rank, dp_world_size=2
-        )._data
-        for rank in range(2)
-    ]
-    assert set(ranks[0]["text"]).isdisjoint(ranks[1]["text"])
 
 
 # ---- hf: local files --------------------------------------------------------------------------
@@ -242,7 +190,6 @@ def test_check_bad_paths_name_the_key(tmp_path, monkeypatch):
     assert "unsupported file type" in _error("hf", str(csv))
     (tmp_path / "empty").mkdir()
     assert "has no .jsonl/.json/.parquet/.txt files" in _error("hf", str(tmp_path / "empty"))
-    assert "must be unset" in _error("builtin", str(tmp_path), "training.dataset_path")
     # TorchTitan's own default dataset reads a relative folder this repo does not have.
     expected = "training.dataset_path: dataset 'c4_test' reads 'tests/assets/c4_test'"
     assert expected in _error("c4_test", None)
@@ -253,5 +200,5 @@ def test_register_is_idempotent():
     before = dict(DATASETS)
     register_datasets()
     assert DATASETS == before
-    ours_and_titans = {"builtin", "builtin_validation", "hf", "c4", "c4_test", "c4_validation"}
+    ours_and_titans = {"hf", "c4", "c4_test", "c4_validation"}
     assert ours_and_titans <= set(DATASETS)

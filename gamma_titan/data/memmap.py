@@ -1,0 +1,164 @@
+"""From the TOML to a sample sequence: which shard folders a run reads, with which weights.
+
+Datasets read from token shards (the fast path; TorchTitan's text loader is not involved):
+
+  builtin             the built-in corpus, pretokenized once per tokenizer into the cache
+  builtin_validation  its held-out split
+  memmap              `dataset_path` is
+                        * a shard folder (meta.json inside),
+                        * a folder of shard folders, mixed by [gamma.data] mixture
+                          (keys: folder names or paths relative to it), or
+                        * a mixture file (.toml/.json): `mixture = {folder = weight, ...}`
+                          or a bare `{folder = weight}` table, folders relative to the file.
+
+[training] reads the train split (builtin_validation: the validation split); [validation]
+reads the validation split of its own dataset_path, or of training.dataset_path when unset,
+with the same mixture, in order, one pass (or `validation.steps` batches) each time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gamma_titan.data.cache import build_once, cache_dir
+from gamma_titan.data.sampling import Mixture, Sequences
+from gamma_titan.data.shards import META_FILE, TokenShards, TokenizerInfo, tokenizer_info
+from gamma_titan.errors import ConfigError
+
+BUILTIN = "builtin"
+BUILTIN_VALIDATION = "builtin_validation"
+MEMMAP = "memmap"
+SHARD_DATASETS = (BUILTIN, BUILTIN_VALIDATION, MEMMAP)
+MIXTURE_FILE_SUFFIXES = (".toml", ".json")
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str
+    folder: Path
+    weight: float
+
+
+def ensure_builtin_shards(tokenizer_dir: str | Path) -> Path:
+    """The built-in corpus pretokenized with this tokenizer (built once, cached)."""
+    from gamma_titan.data.builtin_corpus import TRAIN_FILE, VALIDATION_FILE, corpus_name, ensure_builtin_corpus
+    from gamma_titan.data.pretokenize import pretokenize
+
+    info = tokenizer_info(tokenizer_dir)
+    corpus = ensure_builtin_corpus()
+
+    def build(tmp: Path) -> None:
+        pretokenize(str(corpus / TRAIN_FILE), tokenizer_dir, tmp, val_input=str(corpus / VALIDATION_FILE),
+                    progress=False)
+
+    return build_once(cache_dir() / "shards" / f"{corpus_name()}-{info.sha256[:12]}", build)
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def _mixture_sources(base: Path, mixture: dict[str, Any], key: str) -> list[Source]:
+    if not isinstance(mixture, dict) or not mixture:
+        raise ConfigError(f"{key}: must be a table of folder = weight, e.g. {{ web = 0.7, code = 0.3 }}")
+    sources = []
+    for name, weight in mixture.items():
+        if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not math.isfinite(weight) or weight < 0:
+            raise ConfigError(f"{key}.{name} = {weight!r}: a weight must be a number >= 0")
+        folder = (base / name).expanduser()
+        if not folder.is_dir():
+            raise ConfigError(f"{key}.{name}: folder {folder} does not exist")
+        if not (folder / META_FILE).is_file():
+            raise ConfigError(f"{key}.{name}: {folder} is not a shard folder (no {META_FILE}); "
+                              "write one with `gamma-titan pretokenize`")
+        sources.append(Source(Path(name).name, folder, float(weight)))
+    if not sum(s.weight for s in sources) > 0:
+        raise ConfigError(f"{key}: the weights sum to 0; they must sum to a positive number")
+    return sources
+
+
+def _read_mixture_file(path: Path, key: str) -> dict[str, Any]:
+    try:
+        if path.suffix == ".json":
+            data = json.loads(path.read_text(encoding="utf-8"))
+        else:
+            import tomllib
+
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError and TOMLDecodeError are ValueErrors
+        raise ConfigError(f"{key}: mixture file {path} does not parse ({e})") from None
+    if isinstance(data, dict) and isinstance(data.get("mixture"), dict) and len(data) == 1:
+        data = data["mixture"]
+    return data
+
+
+def resolve_sources(path: str | None, mixture: dict[str, float], key: str) -> list[Source]:
+    """The shard folders (and weights) that `key` (a dataset_path) and the mixture name."""
+    if not path:
+        raise ConfigError(f"{key}: dataset 'memmap' needs a shard folder, a folder of them with "
+                          "[gamma.data] mixture, or a mixture file")
+    base = Path(path).expanduser()
+    if not base.exists():
+        raise ConfigError(f"{key}: {path} does not exist")
+    if base.is_file():
+        if base.suffix not in MIXTURE_FILE_SUFFIXES:
+            raise ConfigError(f"{key}: {path} is a file but not a mixture file ({', '.join(MIXTURE_FILE_SUFFIXES)})")
+        if mixture:
+            raise ConfigError(f"gamma.data.mixture: set, but {key} is a mixture file too; keep one of them")
+        return _mixture_sources(base.parent, _read_mixture_file(base, key), f"{key} ({base.name})")
+    if (base / META_FILE).is_file():
+        if mixture:
+            raise ConfigError(f"gamma.data.mixture: set, but {key} = {path} is a single shard folder; "
+                              "point it at the folder that holds the mixture's folders")
+        return [Source(base.name, base, 1.0)]
+    if not mixture:
+        raise ConfigError(f"{key}: {path} is not a shard folder (no {META_FILE}); point at one, or mix its "
+                          "subfolders with [gamma.data] mixture")
+    return _mixture_sources(base, mixture, "gamma.data.mixture")
+
+
+# --------------------------------------------------------------------------- from a job config
+
+
+def dataset_sources(job_config, section: str, tokenizer_dir: Path) -> tuple[list[Source], str]:
+    """(sources, split) that `[section]` ("training" or "validation") reads."""
+    cfg = getattr(job_config, section)
+    name = cfg.dataset.lower()
+    if name in (BUILTIN, BUILTIN_VALIDATION):
+        split = "validation" if section == "validation" or name == BUILTIN_VALIDATION else "train"
+        if cfg.dataset_path:
+            raise ConfigError(f"{section}.dataset_path: must be unset for dataset '{name}' (got "
+                              f"'{cfg.dataset_path}'); use dataset = \"memmap\" or \"hf\" for your own data")
+        return [Source(BUILTIN, ensure_builtin_shards(tokenizer_dir), 1.0)], split
+    path, key = cfg.dataset_path, f"{section}.dataset_path"
+    if section == "validation" and not path:
+        path, key = job_config.training.dataset_path, "training.dataset_path"
+    split = "train" if section == "training" else "validation"
+    return resolve_sources(path, job_config.gamma.data.mixture, key), split
+
+
+def open_samples(job_config, section: str, seq_len: int, tokenizer_dir: str | Path | None = None):
+    """The global sample sequence of `[section]`: `Sequences` or `Mixture` (sampling.py)."""
+    from gamma_titan.data.tokenizer import HF_ASSETS_KEY, resolve_tokenizer_path
+
+    tokenizer_dir = Path(tokenizer_dir or resolve_tokenizer_path(job_config.model.hf_assets_path))
+    tokenizer: TokenizerInfo = tokenizer_info(tokenizer_dir)
+    sources, split = dataset_sources(job_config, section, tokenizer_dir)
+    cfg, data = getattr(job_config, section), job_config.gamma.data
+    key = f"{section}.dataset_path" if cfg.dataset.lower() == MEMMAP else f"{section}.dataset"
+    shuffle = data.shuffle and section == "training"
+    streams = []
+    for i, source in enumerate(sources):
+        tokens = TokenShards(source.folder, split, key, tokenizer, HF_ASSETS_KEY)
+        label = f"{section} data '{source.name}' ({split} split)"
+        streams.append(Sequences(tokens, seq_len, shuffle=shuffle, seed=data.seed + i, name=label, key=key))
+    if len(streams) == 1:
+        return streams[0]
+    return Mixture(streams, [s.weight for s in sources])
+
+
+def is_shard_dataset(name: str) -> bool:
+    return (name or "").lower() in SHARD_DATASETS
