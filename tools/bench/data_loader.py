@@ -2,7 +2,7 @@
 loader, and what the debug model consumes, side by side in one process.
 
     .venv/bin/python tools/bench/data_loader.py [--input FILE.jsonl] [--seq-len 256] [--batch 8]
-                                                [--batches 300] [--reps 5] [--num-proc 4] [--quick]
+                                                [--batches 300] [--reps 5] [--num-proc N] [--quick]
 
 On the same corpus (default: the built-in corpus's train split) and the same tokenizer
 (the built-in one), sequence length and batch size:
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import logging
+import os
 import statistics
 import sys
 import tempfile
@@ -78,11 +79,11 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=300, help="batches per loader measurement")
     parser.add_argument("--model-steps", type=int, default=3, help="training steps per model measurement")
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--num-proc", type=int, default=4, help="pretokenize processes")
+    parser.add_argument("--num-proc", type=int, default=os.cpu_count() or 1, help="pretokenize processes")
     parser.add_argument("--quick", action="store_true", help="a few batches, one repetition (CI)")
     ns = parser.parse_args()
     if ns.quick:
-        ns.batches, ns.model_steps, ns.reps, ns.num_proc = 20, 1, 1, 2
+        ns.batches, ns.model_steps, ns.reps = 20, 1, 1
     logging.getLogger("gamma_titan").setLevel(logging.ERROR)  # epoch-wrap notices
 
     corpus = ns.input or str(ensure_builtin_corpus() / TRAIN_FILE)
