@@ -126,7 +126,10 @@ def check_data(config, args, world_size: int = 1) -> None:
         if not is_shard_dataset(cfg.dataset):
             continue
         samples = open_samples(config, section, seq_len, path)
-        stops = config.validation.enable if section == "validation" else config.gamma.data.on_exhausted == "stop"
+        if section == "validation":  # one pass when steps = -1, else it wraps (TorchTitan's behaviour)
+            stops = config.validation.enable and config.validation.steps == -1
+        else:
+            stops = config.gamma.data.on_exhausted == "stop"
         if stops and samples.epoch_samples < dp * batch:
             raise ConfigError(
                 f"{section}.dataset: {samples.epoch_samples} sequences of seq_len {seq_len}, fewer than one "

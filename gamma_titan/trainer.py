@@ -1,13 +1,17 @@
 """TorchTitan's Trainer, plus the live diagnostics of `[gamma.diagnostics]`.
 
-The only change to the training loop: after the optimizer step of a due step (step 1 and
-every `freq` steps), `LiveDiagnostics.measure` runs on the probe batch and its numbers go
-to the same metrics line, TensorBoard and metrics.jsonl as the step's loss.
+Two changes to the training loop:
+  * after the optimizer step of a due step (step 1 and every `freq` steps),
+    `LiveDiagnostics.measure` runs on the probe batch and its numbers go to the same metrics
+    line, TensorBoard and metrics.jsonl as the step's loss;
+  * when the data runs out (`gamma.data.on_exhausted = "stop"`), the last finished step is
+    checkpointed before TorchTitan ends the loop (it would otherwise end without saving).
 """
 
 from __future__ import annotations
 
 import torch
+from torchtitan.components.dataloader import DataloaderExhaustedError
 from torchtitan.train import Trainer
 
 from gamma_titan.diagnostics import LiveDiagnostics, build_probe_batch, diagnostics_due
@@ -27,7 +31,13 @@ class GammaTrainer(Trainer):
             self.metrics_processor.diagnostics_attached = True
 
     def train_step(self, data_iterator):
-        super().train_step(data_iterator)
+        try:
+            super().train_step(data_iterator)
+        except DataloaderExhaustedError:
+            finished = self.step - 1  # self.step is the step that found no data
+            if finished > 0 and finished % self.job_config.checkpoint.interval:  # else saved already
+                self.checkpointer.save(finished, last_step=True)
+            raise
         if self.diagnostics is not None and diagnostics_due(self.job_config.gamma.diagnostics, self.step):
             metrics, maps = self.diagnostics.measure(self.step, with_images=self.metrics_processor.has_image_logger)
             self.metrics_processor.log_diagnostics(self.step, metrics, maps)

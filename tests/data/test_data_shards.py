@@ -107,6 +107,22 @@ def test_round_trip_gives_back_the_documents(work):
         assert meta["splits"][split]["docs"] == len(want)
 
 
+def test_large_vocabularies_are_stored_as_uint32(work, tmp_path, monkeypatch):
+    from gamma_titan.data import pretokenize as pretokenize_module
+    from gamma_titan.data.shards import TokenizerInfo, token_dtype
+
+    assert (token_dtype(2**16), token_dtype(2**16 + 1)) == (np.uint16, np.uint32)
+    root, texts = work
+    real = tokenizer_info(root / "tok")
+    wide = TokenizerInfo(real.sha256, 70_000, real.bos_id, real.eos_id)
+    monkeypatch.setattr(pretokenize_module, "tokenizer_info", lambda folder: wide)
+    pretokenize(str(root / "corpus.jsonl"), root / "tok", tmp_path / "wide", docs_per_shard=64, progress=False)
+    shards = TokenShards(tmp_path / "wide", "train")
+    assert shards.dtype == np.uint32 and shards.files[0].stat().st_size == 4 * len(shards._arrays[0])
+    tok = Tokenizer.from_file(str(root / "tok" / "tokenizer.json"))
+    assert [tok.decode(d[1:-1].tolist()) for d in shards.documents()] == texts
+
+
 def test_pretokenize_resumes_and_is_idempotent(work, tmp_path):
     root, _ = work
     out = tmp_path / "shards"
@@ -345,3 +361,28 @@ def test_builtin_datasets_read_the_cached_shards(builtin_tokenizer):
     assert (train.tokens.split, val.tokens.split) == ("train", "validation") and train.shuffle and not val.shuffle
     config.training.dataset_path = "/somewhere"
     assert "must be unset for dataset 'builtin'" in _preflight_error(config)
+
+
+@pytest.mark.parametrize("step,saved", [(8, [7]), (11, []), (1, [])])
+def test_trainer_checkpoints_the_last_step_when_data_runs_out(monkeypatch, step, saved):
+    """TorchTitan ends the loop without a checkpoint when data runs out; GammaTrainer saves
+    the last finished step first (unless its interval saved it already: 10 here)."""
+    from types import SimpleNamespace
+
+    from torchtitan.components.dataloader import DataloaderExhaustedError
+    from torchtitan.train import Trainer
+
+    from gamma_titan.trainer import GammaTrainer
+
+    def exhausted(self, data_iterator):
+        raise DataloaderExhaustedError()
+
+    monkeypatch.setattr(Trainer, "train_step", exhausted)
+    trainer = GammaTrainer.__new__(GammaTrainer)
+    calls = []
+    trainer.step = step
+    trainer.job_config = SimpleNamespace(checkpoint=SimpleNamespace(interval=10))
+    trainer.checkpointer = SimpleNamespace(save=lambda s, last_step: calls.append((s, last_step)))
+    with pytest.raises(DataloaderExhaustedError):
+        trainer.train_step(iter([]))
+    assert calls == [(s, True) for s in saved]
