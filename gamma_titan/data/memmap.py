@@ -134,7 +134,7 @@ def dataset_sources(job_config, section: str, tokenizer_dir: Path) -> tuple[list
                               f"'{cfg.dataset_path}'); use dataset = \"memmap\" or \"hf\" for your own data")
         return [Source(BUILTIN, ensure_builtin_shards(tokenizer_dir), 1.0)], split
     path, key = cfg.dataset_path, f"{section}.dataset_path"
-    if section == "validation" and not path:
+    if section == "validation" and not path and job_config.training.dataset_path:
         path, key = job_config.training.dataset_path, "training.dataset_path"
     split = "train" if section == "training" else "validation"
     return resolve_sources(path, job_config.gamma.data.mixture, key), split
