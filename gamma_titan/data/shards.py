@@ -20,7 +20,9 @@ the middle of a shard stop the run at the first bad window instead of training o
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,12 +139,12 @@ class TokenShards:
         self.files = [self.folder / s["file"] for s in info["shards"] if s["tokens"] > 0]
         sizes = [s["tokens"] for s in info["shards"] if s["tokens"] > 0]
         self._arrays = [self._open(f, n, key) for f, n in zip(self.files, sizes)]
-        self._starts = np.cumsum([0] + sizes)  # shard k holds stream[starts[k]:starts[k+1]]
+        self._starts = [0, *itertools.accumulate(sizes)]  # shard k holds stream[starts[k]:starts[k+1]]
         if self._starts[-1] != info["tokens"]:
             raise ConfigError(f"{key}: {self.folder / META_FILE} is inconsistent: the '{split}' shards "
                               f"sum to {self._starts[-1]} tokens, not {info['tokens']}")
 
-    def _open(self, path: Path, tokens: int, key: str) -> np.memmap:
+    def _open(self, path: Path, tokens: int, key: str) -> np.ndarray:
         expected = tokens * self.dtype.itemsize
         if not path.is_file():
             raise ConfigError(f"{key}: shard {path} is missing; run `gamma-titan pretokenize` again to redo it")
@@ -156,7 +158,8 @@ class TokenShards:
         except (OSError, ValueError) as e:
             raise ConfigError(f"{key}: document index {index} is unreadable ({e}); "
                               "run `gamma-titan pretokenize` again to redo it") from None
-        tokens_ = np.memmap(path, dtype=self.dtype, mode="r")
+        # A plain ndarray view of the mapping: np.memmap's subclass hooks cost more than the read.
+        tokens_ = np.memmap(path, dtype=self.dtype, mode="r").view(np.ndarray)
         ok = (offsets.ndim == 1 and len(offsets) >= 2 and offsets[0] == 0 and offsets[-1] == tokens
               and tokens_[0] == self.bos_id and tokens_[-1] == self.eos_id)
         if not ok:
@@ -165,11 +168,11 @@ class TokenShards:
         return tokens_
 
     def __len__(self) -> int:
-        return int(self._starts[-1])
+        return self._starts[-1]
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """stream[start:stop] as a new array (it may span shards); ids checked against the vocab."""
-        first = int(np.searchsorted(self._starts, start, side="right")) - 1
+        first = bisect.bisect_right(self._starts, start) - 1
         pieces, pos, k = [], start, first
         while pos < stop:
             lo = pos - self._starts[k]
