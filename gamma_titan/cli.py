@@ -4,6 +4,8 @@
     gamma-titan inspect CONFIG.toml [--json] [--section.key value ...]
     gamma-titan tokenizer train [--input SOURCE --out DIR] [--vocab-size N] [--force]
     gamma-titan pretokenize --input SOURCE --tokenizer DIR --out DIR [--num-proc N] [--val-fraction F]
+    gamma-titan convert to-hf CHECKPOINT_DIR OUT_DIR [--dtype fp32|bf16] [--overwrite]
+    gamma-titan convert from-hf HF_DIR CHECKPOINT_DIR [--overwrite]
     gamma-titan report condensation RUN_DIR [RUN_DIR ...] [--out DIR] [--matrices NAME ...] [--steps N ...]
 
 `train` checks the config here, then starts `torchrun -m gamma_titan.train` with N
@@ -94,6 +96,19 @@ def cmd_pretokenize(ns, overrides: list[str]) -> int:
     return 0
 
 
+def cmd_convert(ns, overrides: list[str]) -> int:
+    if overrides:
+        raise ConfigError(f"unknown arguments: {' '.join(overrides)}")
+    from gamma_titan.convert import hf
+
+    if ns.direction == "to-hf":
+        out = hf.to_hf(ns.source, ns.target, dtype=ns.dtype, overwrite=ns.overwrite, tokenizer=ns.tokenizer)
+    else:
+        out = hf.from_hf(ns.source, ns.target, overwrite=ns.overwrite)
+    print(out)
+    return 0
+
+
 def cmd_report_condensation(ns, overrides: list[str]) -> int:
     if overrides:
         raise ConfigError(f"unknown arguments: {' '.join(overrides)}")
@@ -145,6 +160,21 @@ def build_parser() -> argparse.ArgumentParser:
                      help="documents per work unit and shard")
     pre.add_argument("--quiet", action="store_true", help="no progress bar")
     pre.set_defaults(run=cmd_pretokenize)
+
+    convert = sub.add_parser("convert", help="DCP checkpoints <-> Hugging Face folders").add_subparsers(
+        dest="direction", required=True)
+    to_hf = convert.add_parser("to-hf", help="a checkpoint/step-N folder -> a folder transformers loads")
+    to_hf.add_argument("source", metavar="CHECKPOINT_DIR")
+    to_hf.add_argument("target", metavar="OUT_DIR")
+    to_hf.add_argument("--dtype", default="fp32", help="fp32 (exact) or bf16")
+    to_hf.add_argument("--tokenizer", help="tokenizer folder, if the run's (named in model.json) moved")
+    to_hf.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
+    to_hf.set_defaults(run=cmd_convert)
+    from_hf = convert.add_parser("from-hf", help="a Hugging Face folder -> a model-only DCP checkpoint")
+    from_hf.add_argument("source", metavar="HF_DIR")
+    from_hf.add_argument("target", metavar="CHECKPOINT_DIR")
+    from_hf.add_argument("--overwrite", action="store_true", help="replace a non-empty CHECKPOINT_DIR")
+    from_hf.set_defaults(run=cmd_convert)
 
     report = sub.add_parser("report", help="offline reports on runs").add_subparsers(dest="report", required=True)
     condensation = report.add_parser(

@@ -1,9 +1,10 @@
 """TorchTitan's Trainer, plus the live diagnostics of `[gamma.diagnostics]`.
 
-Two changes to the training loop:
+Three additions:
   * after the optimizer step of a due step (step 1 and every `freq` steps),
     `LiveDiagnostics.measure` runs on the probe batch and its numbers go to the same metrics
     line, TensorBoard and metrics.jsonl as the step's loss;
+  * model.json goes next to the checkpoints (convert/model_record.py);
   * when the data runs out (`gamma.data.on_exhausted = "stop"`), the last finished step is
     checkpointed before TorchTitan ends the loop (it would otherwise end without saving).
 """
@@ -29,6 +30,20 @@ class GammaTrainer(Trainer):
             self.diagnostics = LiveDiagnostics(cfg, self.model_parts[0], tokens,
                                                tp_group=tp.get_group() if tp is not None else None)
             self.metrics_processor.diagnostics_attached = True
+        if job_config.checkpoint.enable and torch.distributed.get_rank() == 0:
+            self._write_model_record()
+
+    def _write_model_record(self) -> None:
+        """model.json next to the checkpoints: what `gamma-titan convert` needs besides tensors."""
+        import os
+
+        from gamma_titan.convert.model_record import model_record, write_model_record
+        from gamma_titan.data.tokenizer import resolve_tokenizer_path
+
+        job = self.job_config
+        record = model_record(job.model.name, job.model.flavor, self.model_args,
+                              resolve_tokenizer_path(job.model.hf_assets_path))
+        write_model_record(os.path.join(job.job.dump_folder, job.checkpoint.folder), record)
 
     def train_step(self, data_iterator):
         try:

@@ -142,3 +142,15 @@ def test_compile_and_float8_run_three_steps(tmp_path, variant, builtin_assets):
     assert records[0]["gamma/sink_score/mean"] > 0  # diagnostics (on in debug.toml) ran on this path
     log = proc.stdout + proc.stderr
     assert ("Compiling each TransformerBlock" in log) if variant == "compile" else ("Swapped to Float8Linear" in log)
+
+
+def test_checkpoints_carry_the_model_record(debug_run):
+    """model.json next to the checkpoints rebuilds the run's model args (for `convert`)."""
+    from gamma_titan.config import load_job_config
+    from gamma_titan.convert.model_record import read_model_record
+    from gamma_titan.inspect_model import resolve_model
+
+    name, args, record = read_model_record(debug_run / "checkpoint" / "step-30")
+    _, expected = resolve_model(load_job_config(["--job.config_file", str(DEBUG_TOML)]))
+    assert name == "gamma_dense" and record["flavor"] == "debug"
+    assert args == expected and args.attention_gate == "elementwise" and args.norm_eps == 1e-12

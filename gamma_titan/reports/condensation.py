@@ -25,20 +25,18 @@ from __future__ import annotations
 
 import json
 import re
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from gamma_titan.convert.dcp_io import load_model_state
 from gamma_titan.diagnostics.live import default_cosine_params
 from gamma_titan.diagnostics.spectral import StableRanks, row_cosine
 from gamma_titan.errors import ConfigError
 
 _STEP_DIR = re.compile(r"step-(\d+)$")
 _LAYER = re.compile(r"layers\.(\d+)\.")
-#: TorchTitan's non-model entries in a checkpoint.
-_NOT_MODEL = ("optimizer.", "lr_scheduler.", "dataloader.", "train_state.")
 COSINE_ROWS = 128
 
 
@@ -71,21 +69,7 @@ def find_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
 
 def load_matrices(checkpoint: Path) -> dict[str, torch.Tensor]:
     """The model's weights with two or more dimensions, read from one DCP checkpoint."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    reader = dcp.FileSystemReader(str(checkpoint))
-    wanted = {}
-    for key, meta in reader.read_metadata().state_dict_metadata.items():
-        if (isinstance(meta, TensorStorageMetadata) and len(meta.size) >= 2
-                and not key.startswith(_NOT_MODEL)):
-            wanted[key] = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
-    if not wanted:
-        raise ConfigError(f"{checkpoint}: no model weights in this checkpoint")
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
-        dcp.load(wanted, storage_reader=reader, no_dist=True)
-    return wanted
+    return load_model_state(checkpoint, min_ndim=2, key=str(checkpoint))
 
 
 def read_sink_scores(run_dir: Path) -> dict[int, list[tuple[int, float]]]:

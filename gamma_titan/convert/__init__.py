@@ -1,0 +1,1 @@
+"""Checkpoint conversion between TorchTitan DCP checkpoints and Hugging Face folders."""

@@ -1,0 +1,55 @@
+"""Model tensors in and out of DCP checkpoints, in one process with no process group.
+
+A TorchTitan checkpoint folder (`checkpoint/step-N`) holds the model's tensors under their
+plain names ("layers.0.attention.wq.weight") next to "optimizer.", "lr_scheduler.",
+"dataloader." and "train_state." entries. DCP stores each tensor whole in its metadata, however
+it was sharded when saved, so reading at FSDP=1 gives the same tensors as the save layout.
+A model-only checkpoint written here is what TorchTitan's `checkpoint.initial_load_path`
+loads (with `initial_load_model_only = true`, its default).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+
+from gamma_titan.errors import ConfigError
+
+NOT_MODEL = ("optimizer.", "lr_scheduler.", "dataloader.", "train_state.")
+
+
+def is_checkpoint(path: Path) -> bool:
+    return (path / ".metadata").is_file()
+
+
+def load_model_state(checkpoint: str | Path, min_ndim: int = 0, key: str = "CHECKPOINT_DIR") -> dict[str, torch.Tensor]:
+    """Every model tensor (with at least `min_ndim` dimensions) of a DCP checkpoint, on CPU."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    checkpoint = Path(checkpoint)
+    if not is_checkpoint(checkpoint):
+        raise ConfigError(f"{key}: {checkpoint} is not a DCP checkpoint folder (no .metadata); "
+                          "point at a checkpoint/step-N folder")
+    reader = dcp.FileSystemReader(str(checkpoint))
+    wanted = {}
+    for name, meta in reader.read_metadata().state_dict_metadata.items():
+        if isinstance(meta, TensorStorageMetadata) and len(meta.size) >= min_ndim and not name.startswith(NOT_MODEL):
+            wanted[name] = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+    if not wanted:
+        raise ConfigError(f"{key}: {checkpoint} holds no model weights")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+        dcp.load(wanted, storage_reader=reader, no_dist=True)
+    return wanted
+
+
+def save_model_state(state: dict[str, torch.Tensor], checkpoint: str | Path) -> None:
+    """Write `state` as a model-only DCP checkpoint into the (new or empty) folder `checkpoint`."""
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to save in a single process")
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(str(checkpoint)), no_dist=True)

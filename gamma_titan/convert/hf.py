@@ -1,0 +1,159 @@
+"""`gamma-titan convert to-hf` and `from-hf`: DCP checkpoints <-> Hugging Face folders.
+
+to-hf reads a checkpoint's model tensors (whatever rank layout saved them) and its
+model.json, picks the transformers architecture that represents the model exactly, and
+writes config.json, safetensors shards with their index, and the tokenizer files. from-hf
+reads such a folder back into a model-only DCP checkpoint plus model.json, for
+`checkpoint.initial_load_path`.
+
+Architectures (exact, or refused with a one-line error; nothing is approximated):
+  gamma_dense, attention_gate = "none"  ->  LlamaForCausalLM (llama.py)
+Gated and MoE models need the custom model package, which is not written yet.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from gamma_titan.convert import llama
+from gamma_titan.convert.dcp_io import is_checkpoint, load_model_state, save_model_state
+from gamma_titan.convert.model_record import model_record, read_model_record, write_model_record
+from gamma_titan.errors import ConfigError
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+SHARD_BYTES = 5 * 2**30  # per safetensors file, as transformers' save_pretrained does
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def _check_out(out: Path, overwrite: bool, key: str) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise ConfigError(f"{key}: {out} exists and is not empty; choose a new folder or pass --overwrite")
+
+
+def _special_ids(tokenizer_dir: Path) -> tuple[int | None, int | None]:
+    from gamma_titan.data.shards import tokenizer_info
+
+    try:
+        info = tokenizer_info(tokenizer_dir)
+    except ConfigError:
+        return None, None
+    return info.bos_id, info.eos_id
+
+
+def _write_safetensors(state: dict[str, torch.Tensor], out: Path, progress: bool) -> None:
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in state.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > SHARD_BYTES:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor.contiguous()
+        size += nbytes
+    if len(shards) == 1:
+        save_file(shards[0], str(out / "model.safetensors"), metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for i, shard in enumerate(tqdm(shards, desc="writing safetensors", disable=not progress), start=1):
+        file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, file))
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    (out / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
+                                             indent=1) + "\n")
+
+
+def to_hf(checkpoint: str | Path, out: str | Path, *, dtype: str = "fp32", overwrite: bool = False,
+          tokenizer: str | Path | None = None, progress: bool = True) -> Path:
+    checkpoint, out = Path(checkpoint), Path(out)
+    if dtype not in DTYPES:
+        raise ConfigError(f"--dtype {dtype}: allowed {', '.join(DTYPES)}")
+    if not is_checkpoint(checkpoint):
+        raise ConfigError(f"CHECKPOINT_DIR: {checkpoint} is not a DCP checkpoint folder (no .metadata); "
+                          "point at a checkpoint/step-N folder")
+    name, args, record = read_model_record(checkpoint)
+    if not llama.represents(name, args):
+        raise ConfigError(f"CHECKPOINT_DIR: {name} with attention_gate = {args.attention_gate!r} has no "
+                          "Hugging Face conversion yet (gamma_dense without the gate converts to Llama)")
+    tokenizer_dir = Path(tokenizer or record.get("tokenizer") or "")
+    if not (tokenizer_dir / "tokenizer.json").is_file():
+        raise ConfigError(f"--tokenizer: {tokenizer_dir} has no tokenizer.json (model.json names the run's "
+                          "tokenizer; pass --tokenizer DIR if it moved)")
+    _check_out(out, overwrite, "OUT_DIR")
+
+    state = load_model_state(checkpoint)
+    expected = _expected_shapes(name, args)
+    if {k: tuple(v.shape) for k, v in state.items()} != expected:
+        raise ConfigError(f"CHECKPOINT_DIR: {checkpoint} does not hold the {name} of its model.json "
+                          "(tensor names or shapes differ)")
+    hf_state = {k: v.to(DTYPES[dtype]) for k, v in llama.to_hf(state).items()}
+    if out.exists() and overwrite:
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    bos, eos = _special_ids(tokenizer_dir)
+    (out / "config.json").write_text(json.dumps(llama.config(args, bos, eos, DTYPES[dtype]), indent=1) + "\n")
+    _write_safetensors(hf_state, out, progress)
+    for file in TOKENIZER_FILES:
+        if (tokenizer_dir / file).is_file():
+            shutil.copy(tokenizer_dir / file, out / file)
+    return out
+
+
+def _expected_shapes(name: str, args) -> dict[str, tuple[int, ...]]:
+    from gamma_titan.train_specs import TRAIN_SPECS
+
+    with torch.device("meta"):
+        model = TRAIN_SPECS[name].model_cls(args)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def _read_hf_state(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    if (folder / INDEX_FILE).is_file():
+        files = sorted(set(json.loads((folder / INDEX_FILE).read_text())["weight_map"].values()))
+    else:
+        files = [p.name for p in sorted(folder.glob("*.safetensors"))]
+    if not files:
+        raise ConfigError(f"HF_DIR: {folder} has no .safetensors weights")
+    state = {}
+    for file in files:
+        state.update(load_file(str(folder / file)))
+    return state
+
+
+def from_hf(hf_dir: str | Path, checkpoint: str | Path, *, overwrite: bool = False) -> Path:
+    hf_dir, checkpoint = Path(hf_dir), Path(checkpoint)
+    config_file = hf_dir / "config.json"
+    if not config_file.is_file():
+        raise ConfigError(f"HF_DIR: {hf_dir} has no config.json")
+    cfg = json.loads(config_file.read_text())
+    if cfg.get("model_type") != "llama":
+        raise ConfigError(f"HF_DIR: model_type {cfg.get('model_type')!r} cannot be converted; allowed: llama")
+    args = llama.args_from_config(cfg)
+    _check_out(checkpoint, overwrite, "CHECKPOINT_DIR")
+    state = llama.from_hf(_read_hf_state(hf_dir))
+    expected = _expected_shapes("gamma_dense", args)
+    if {k: tuple(v.shape) for k, v in state.items()} != expected:
+        raise ConfigError(f"HF_DIR: the weights in {hf_dir} do not match its config.json")
+    if checkpoint.exists() and overwrite:
+        shutil.rmtree(checkpoint)
+    checkpoint.mkdir(parents=True)
+    tokenizer_dir = None
+    if (hf_dir / "tokenizer.json").is_file():
+        tokenizer_dir = checkpoint / "tokenizer"
+        tokenizer_dir.mkdir()
+        for file in TOKENIZER_FILES:
+            if (hf_dir / file).is_file():
+                shutil.copy(hf_dir / file, tokenizer_dir / file)
+    save_model_state(state, checkpoint)
+    write_model_record(checkpoint, model_record("gamma_dense", "from-hf", args, tokenizer_dir))
+    return checkpoint

@@ -1,0 +1,74 @@
+"""model.json: which model a run's checkpoints hold, written next to them by the trainer.
+
+A DCP checkpoint holds tensors only; converting one needs the architecture too (heads,
+ε, the gate, RoPE θ cannot all be read off tensor shapes). The trainer writes
+`<dump_folder>/<checkpoint.folder>/model.json` at start-up: the TrainSpec name, the flavor,
+every field of the model args after [model_args] and [gamma] were applied, and the
+tokenizer folder. `convert` finds it next to a `step-N` folder (or inside it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from gamma_titan.errors import ConfigError
+
+MODEL_FILE = "model.json"
+FORMAT = "gamma-titan-model"
+
+
+def model_record(model_name: str, flavor: str, args, tokenizer_dir: str | Path | None) -> dict[str, Any]:
+    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if not f.name.startswith("_")}
+    fields = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in fields.items()}
+    return {"format": FORMAT, "version": 1, "model": model_name, "flavor": flavor, "args": fields,
+            "tokenizer": str(tokenizer_dir) if tokenizer_dir else None}
+
+
+def write_model_record(folder: str | Path, record: dict[str, Any]) -> Path:
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / MODEL_FILE
+    tmp = folder / f".{MODEL_FILE}.tmp"
+    tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def find_model_record(checkpoint: Path) -> Path | None:
+    for folder in (checkpoint, checkpoint.parent):
+        if (folder / MODEL_FILE).is_file():
+            return folder / MODEL_FILE
+    return None
+
+
+def args_from_record(record: dict[str, Any]):
+    """(TrainSpec name, model args) rebuilt from a model.json record."""
+    from gamma_titan.train_specs import TRAIN_SPECS
+
+    name = record.get("model")
+    if record.get("format") != FORMAT or name not in TRAIN_SPECS:
+        raise ConfigError(f"{MODEL_FILE}: not a gamma-titan model record (model {name!r}; "
+                          f"allowed {', '.join(TRAIN_SPECS)})")
+    flavors = TRAIN_SPECS[name].model_args
+    args = flavors[record["flavor"]] if record["flavor"] in flavors else flavors[next(iter(flavors))]
+    for key, value in record["args"].items():
+        current = getattr(args, key)
+        if dataclasses.is_dataclass(current) and isinstance(value, dict):
+            value = type(current)(**value)
+        setattr(args, key, value)
+    args.check()
+    return name, args
+
+
+def read_model_record(checkpoint: Path, key: str = "CHECKPOINT_DIR") -> tuple[str, Any, dict[str, Any]]:
+    path = find_model_record(checkpoint)
+    if path is None:
+        raise ConfigError(f"{key}: no {MODEL_FILE} in {checkpoint} or {checkpoint.parent}; checkpoints "
+                          "written by `gamma-titan train` have one next to them")
+    record = json.loads(path.read_text(encoding="utf-8"))
+    name, args = args_from_record(record)
+    return name, args, record

@@ -1,0 +1,84 @@
+"""DCP <-> Hugging Face: dense models without the gate become transformers' Llama exactly."""
+
+import json
+
+import pytest
+import torch
+
+from helpers import small_args
+
+from gamma_titan.cli import main as cli_main
+from gamma_titan.convert.dcp_io import load_model_state, save_model_state
+from gamma_titan.convert.model_record import model_record, write_model_record
+from gamma_titan.models.dense import GammaDense
+
+transformers = pytest.importorskip("transformers")
+
+
+def _cli(*argv):
+    with pytest.raises(SystemExit) as exit_:
+        cli_main([str(a) for a in argv])
+    return exit_.value.code
+
+
+def _checkpoint(root, args, tokenizer, seed=0):
+    """A run folder as the trainer leaves it: checkpoint/step-1 and checkpoint/model.json."""
+    torch.manual_seed(seed)
+    model = GammaDense(args)
+    model.init_weights()
+    step = root / "checkpoint" / "step-1"
+    save_model_state(model.state_dict(), step)
+    write_model_record(root / "checkpoint", model_record("gamma_dense", "debug", args, tokenizer))
+    return model, step
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory, builtin_assets):
+    _, tokenizer = builtin_assets
+    root = tmp_path_factory.mktemp("convert")
+    args = small_args(gamma=0.5, gate="none", eps=1e-12, n_layers=2)
+    model, step = _checkpoint(root, args, tokenizer)
+    assert _cli("convert", "to-hf", step, root / "hf") == 0
+    return root, model, step
+
+
+def test_dense_without_gate_is_llama_with_the_same_logits(dense):
+    root, model, _ = dense
+    hf = transformers.AutoModelForCausalLM.from_pretrained(root / "hf", dtype=torch.float32)
+    assert type(hf).__name__ == "LlamaForCausalLM"
+    assert hf.config.rms_norm_eps == 1e-12
+    tokens = torch.randint(0, model.model_args.vocab_size, (2, 64), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours, theirs = model(tokens), hf(tokens).logits
+    assert (ours - theirs).abs().max().item() <= 1e-4
+    tok = transformers.AutoTokenizer.from_pretrained(root / "hf")
+    assert (tok.bos_token_id, tok.eos_token_id) == (hf.config.bos_token_id, hf.config.eos_token_id) == (0, 1)
+
+
+def test_round_trip_is_bitwise(dense, tmp_path):
+    root, _, step = dense
+    assert _cli("convert", "from-hf", root / "hf", tmp_path / "back") == 0
+    original, back = load_model_state(step), load_model_state(tmp_path / "back")
+    assert original.keys() == back.keys()
+    assert all(torch.equal(original[k], back[k]) for k in original)
+    assert json.loads((tmp_path / "back" / "model.json").read_text())["args"]["norm_eps"] == 1e-12
+
+
+def test_bad_input_writes_nothing(dense, tmp_path, builtin_assets, capsys):
+    root, _, step = dense
+    assert _cli("convert", "to-hf", root / "checkpoint", tmp_path / "a") == 2
+    assert "is not a DCP checkpoint folder" in capsys.readouterr().err
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("mine")
+    assert _cli("convert", "to-hf", step, tmp_path / "full") == 2
+    assert "exists and is not empty; choose a new folder or pass --overwrite" in capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "full").iterdir()] == ["keep.txt"]
+    gated, gated_step = _checkpoint(tmp_path / "gated", small_args(gate="elementwise", n_layers=2), builtin_assets[1])
+    assert _cli("convert", "to-hf", gated_step, tmp_path / "b") == 2
+    assert "attention_gate = 'elementwise' has no Hugging Face conversion yet" in capsys.readouterr().err
+    # another architecture's tensors under this model.json
+    write_model_record(gated_step.parent, model_record("gamma_dense", "debug", small_args(gate="none", n_layers=2),
+                                                       builtin_assets[1]))
+    assert _cli("convert", "to-hf", gated_step, tmp_path / "c") == 2
+    assert "does not hold the gamma_dense of its model.json" in capsys.readouterr().err
+    assert not any((tmp_path / d).exists() for d in "abc")
