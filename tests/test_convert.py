@@ -1,4 +1,5 @@
-"""DCP <-> Hugging Face: dense models without the gate become transformers' Llama exactly."""
+"""DCP <-> Hugging Face: dense models without the gate become transformers' Llama, gated
+ones the self-contained GammaForCausalLM package; both give our logits and round-trip bitwise."""
 
 import json
 
@@ -11,6 +12,7 @@ from gamma_titan.cli import main as cli_main
 from gamma_titan.convert.dcp_io import load_model_state, save_model_state
 from gamma_titan.convert.model_record import model_record, write_model_record
 from gamma_titan.models.dense import GammaDense
+from gamma_titan.models.moe import moe_flavors
 
 transformers = pytest.importorskip("transformers")
 
@@ -26,26 +28,33 @@ def _checkpoint(root, args, tokenizer, seed=0):
     torch.manual_seed(seed)
     model = GammaDense(args)
     model.init_weights()
+    with torch.no_grad():  # gates away from 1/2, so a wrongly applied gate shows in the logits
+        for layer in model.layers.values():
+            if hasattr(layer.attention, "gate_proj"):
+                layer.attention.gate_proj.weight.normal_(0, 0.5)
     step = root / "checkpoint" / "step-1"
     save_model_state(model.state_dict(), step)
     write_model_record(root / "checkpoint", model_record("gamma_dense", "debug", args, tokenizer))
     return model, step
 
 
-@pytest.fixture(scope="module")
-def dense(tmp_path_factory, builtin_assets):
+HF_CLASS = {"none": "LlamaForCausalLM", "headwise": "GammaForCausalLM", "elementwise": "GammaForCausalLM"}
+
+
+@pytest.fixture(scope="module", params=list(HF_CLASS))
+def dense(request, tmp_path_factory, builtin_assets):
     _, tokenizer = builtin_assets
-    root = tmp_path_factory.mktemp("convert")
-    args = small_args(gamma=0.5, gate="none", eps=1e-12, n_layers=2)
+    root = tmp_path_factory.mktemp(f"convert-{request.param}")
+    args = small_args(gamma=0.5, gate=request.param, eps=1e-12, n_layers=2, n_kv_heads=2)
     model, step = _checkpoint(root, args, tokenizer)
     assert _cli("convert", "to-hf", step, root / "hf") == 0
     return root, model, step
 
 
-def test_dense_without_gate_is_llama_with_the_same_logits(dense):
+def test_logits_match_ours_in_transformers(dense):
     root, model, _ = dense
-    hf = transformers.AutoModelForCausalLM.from_pretrained(root / "hf", dtype=torch.float32)
-    assert type(hf).__name__ == "LlamaForCausalLM"
+    hf = transformers.AutoModelForCausalLM.from_pretrained(root / "hf", dtype=torch.float32, trust_remote_code=True)
+    assert type(hf).__name__ == HF_CLASS[model.model_args.attention_gate]
     assert hf.config.rms_norm_eps == 1e-12
     tokens = torch.randint(0, model.model_args.vocab_size, (2, 64), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -53,6 +62,12 @@ def test_dense_without_gate_is_llama_with_the_same_logits(dense):
     assert (ours - theirs).abs().max().item() <= 1e-4
     tok = transformers.AutoTokenizer.from_pretrained(root / "hf")
     assert (tok.bos_token_id, tok.eos_token_id) == (hf.config.bos_token_id, hf.config.eos_token_id) == (0, 1)
+    # right padding (how lm-evaluation-harness batches): the real tokens' logits do not change
+    mask = torch.ones_like(tokens)
+    mask[1, 40:] = 0
+    with torch.no_grad():
+        padded = hf(tokens, attention_mask=mask).logits
+    assert (padded[1, :40] - theirs[1, :40]).abs().max().item() <= 1e-5
 
 
 def test_round_trip_is_bitwise(dense, tmp_path):
@@ -64,8 +79,9 @@ def test_round_trip_is_bitwise(dense, tmp_path):
     assert json.loads((tmp_path / "back" / "model.json").read_text())["args"]["norm_eps"] == 1e-12
 
 
-def test_bad_input_writes_nothing(dense, tmp_path, builtin_assets, capsys):
-    root, _, step = dense
+def test_bad_input_writes_nothing(tmp_path, builtin_assets, capsys):
+    _, step = _checkpoint(tmp_path / "run", small_args(gate="none", n_layers=2), builtin_assets[1])
+    root = tmp_path / "run"
     assert _cli("convert", "to-hf", root / "checkpoint", tmp_path / "a") == 2
     assert "is not a DCP checkpoint folder" in capsys.readouterr().err
     (tmp_path / "full").mkdir()
@@ -73,10 +89,13 @@ def test_bad_input_writes_nothing(dense, tmp_path, builtin_assets, capsys):
     assert _cli("convert", "to-hf", step, tmp_path / "full") == 2
     assert "exists and is not empty; choose a new folder or pass --overwrite" in capsys.readouterr().err
     assert [p.name for p in (tmp_path / "full").iterdir()] == ["keep.txt"]
-    gated, gated_step = _checkpoint(tmp_path / "gated", small_args(gate="elementwise", n_layers=2), builtin_assets[1])
-    assert _cli("convert", "to-hf", gated_step, tmp_path / "b") == 2
-    assert "attention_gate = 'elementwise' has no Hugging Face conversion yet" in capsys.readouterr().err
+    moe_step = tmp_path / "moe" / "checkpoint" / "step-1"
+    save_model_state({"w": torch.zeros(2, 2)}, moe_step)
+    write_model_record(moe_step.parent, model_record("gamma_moe", "debug", moe_flavors["debug"], builtin_assets[1]))
+    assert _cli("convert", "to-hf", moe_step, tmp_path / "b") == 2
+    assert "gamma_moe has no Hugging Face conversion yet" in capsys.readouterr().err
     # another architecture's tensors under this model.json
+    _, gated_step = _checkpoint(tmp_path / "gated", small_args(gate="elementwise", n_layers=2), builtin_assets[1])
     write_model_record(gated_step.parent, model_record("gamma_dense", "debug", small_args(gate="none", n_layers=2),
                                                        builtin_assets[1]))
     assert _cli("convert", "to-hf", gated_step, tmp_path / "c") == 2

@@ -7,8 +7,9 @@ reads such a folder back into a model-only DCP checkpoint plus model.json, for
 `checkpoint.initial_load_path`.
 
 Architectures (exact, or refused with a one-line error; nothing is approximated):
-  gamma_dense, attention_gate = "none"  ->  LlamaForCausalLM (llama.py)
-Gated and MoE models need the custom model package, which is not written yet.
+  gamma_dense, attention_gate = "none"         ->  LlamaForCausalLM (llama.py)
+  gamma_dense, headwise or elementwise gate    ->  GammaForCausalLM, code in the folder (custom.py)
+MoE models are not converted yet.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from gamma_titan.convert import llama
+from gamma_titan.convert import custom, llama
 from gamma_titan.convert.dcp_io import is_checkpoint, load_model_state, save_model_state
 from gamma_titan.convert.model_record import model_record, read_model_record, write_model_record
 from gamma_titan.errors import ConfigError
@@ -28,6 +29,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 SHARD_BYTES = 5 * 2**30  # per safetensors file, as transformers' save_pretrained does
 INDEX_FILE = "model.safetensors.index.json"
+CONVERTERS = (llama, custom)  # the first that represents a model exactly wins
+BY_MODEL_TYPE = {"llama": llama, custom.MODEL_TYPE: custom}
 
 
 def _check_out(out: Path, overwrite: bool, key: str) -> None:
@@ -80,9 +83,9 @@ def to_hf(checkpoint: str | Path, out: str | Path, *, dtype: str = "fp32", overw
         raise ConfigError(f"CHECKPOINT_DIR: {checkpoint} is not a DCP checkpoint folder (no .metadata); "
                           "point at a checkpoint/step-N folder")
     name, args, record = read_model_record(checkpoint)
-    if not llama.represents(name, args):
-        raise ConfigError(f"CHECKPOINT_DIR: {name} with attention_gate = {args.attention_gate!r} has no "
-                          "Hugging Face conversion yet (gamma_dense without the gate converts to Llama)")
+    converter = next((c for c in CONVERTERS if c.represents(name, args)), None)
+    if converter is None:
+        raise ConfigError(f"CHECKPOINT_DIR: {name} has no Hugging Face conversion yet (gamma_dense converts)")
     tokenizer_dir = Path(tokenizer or record.get("tokenizer") or "")
     if not (tokenizer_dir / "tokenizer.json").is_file():
         raise ConfigError(f"--tokenizer: {tokenizer_dir} has no tokenizer.json (model.json names the run's "
@@ -94,13 +97,15 @@ def to_hf(checkpoint: str | Path, out: str | Path, *, dtype: str = "fp32", overw
     if {k: tuple(v.shape) for k, v in state.items()} != expected:
         raise ConfigError(f"CHECKPOINT_DIR: {checkpoint} does not hold the {name} of its model.json "
                           "(tensor names or shapes differ)")
-    hf_state = {k: v.to(DTYPES[dtype]) for k, v in llama.to_hf(state).items()}
+    hf_state = {k: v.to(DTYPES[dtype]) for k, v in converter.to_hf(state).items()}
     if out.exists() and overwrite:
         shutil.rmtree(out)
     out.mkdir(parents=True)
     bos, eos = _special_ids(tokenizer_dir)
-    (out / "config.json").write_text(json.dumps(llama.config(args, bos, eos, DTYPES[dtype]), indent=1) + "\n")
+    (out / "config.json").write_text(json.dumps(converter.config(args, bos, eos, DTYPES[dtype]), indent=1) + "\n")
     _write_safetensors(hf_state, out, progress)
+    for file in getattr(converter, "CODE_FILES", ()):
+        shutil.copy(custom.PACKAGE / file, out / file)
     for file in TOKENIZER_FILES:
         if (tokenizer_dir / file).is_file():
             shutil.copy(tokenizer_dir / file, out / file)
@@ -136,11 +141,13 @@ def from_hf(hf_dir: str | Path, checkpoint: str | Path, *, overwrite: bool = Fal
     if not config_file.is_file():
         raise ConfigError(f"HF_DIR: {hf_dir} has no config.json")
     cfg = json.loads(config_file.read_text())
-    if cfg.get("model_type") != "llama":
-        raise ConfigError(f"HF_DIR: model_type {cfg.get('model_type')!r} cannot be converted; allowed: llama")
-    args = llama.args_from_config(cfg)
+    converter = BY_MODEL_TYPE.get(cfg.get("model_type"))
+    if converter is None:
+        raise ConfigError(f"HF_DIR: model_type {cfg.get('model_type')!r} cannot be converted; "
+                          f"allowed: {', '.join(BY_MODEL_TYPE)}")
+    args = converter.args_from_config(cfg)
     _check_out(checkpoint, overwrite, "CHECKPOINT_DIR")
-    state = llama.from_hf(_read_hf_state(hf_dir))
+    state = converter.from_hf(_read_hf_state(hf_dir))
     expected = _expected_shapes("gamma_dense", args)
     if {k: tuple(v.shape) for k, v in state.items()} != expected:
         raise ConfigError(f"HF_DIR: the weights in {hf_dir} do not match its config.json")
