@@ -31,7 +31,8 @@ def dump_init(tmp_path, layout: str) -> dict:
     script = str(REPO / "tests" / "scripts" / "dump_init_weights.py")
     argv = [script, str(out), "--job.config_file", str(DEBUG_TOML),
             "--job.dump_folder", str(tmp_path / f"dump-{layout}"),
-            "--training.local_batch_size", str(batch), *QUIET, *DETERMINISTIC, *extra]
+            "--training.local_batch_size", str(batch), "--checkpoint.enable", "true",
+            *QUIET, *DETERMINISTIC, *extra]
     if nproc > 1:
         argv = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *argv]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -49,6 +50,20 @@ def test_initial_weights_do_not_depend_on_parallel_degrees(tmp_path, builtin_ass
             assert torch.equal(other[name], tensor), (layout, name)
     # and they are γ-initialised (γ = 1, d = 256), not some default
     assert abs(single["layers.0.attention.wq.weight"].std().item() * 256 - 1) < 0.05
+    # Their DCP checkpoints, saved sharded at each layout, convert to the same HF tensors.
+    from safetensors.torch import load_file
+
+    from gamma_titan.convert.hf import to_hf
+
+    converted = {}
+    for layout in ("single", "fsdp2", "tp2"):
+        folder = to_hf(tmp_path / f"dump-{layout}" / "checkpoint" / "step-0", tmp_path / f"hf-{layout}",
+                       progress=False)
+        converted[layout] = load_file(str(folder / "model.safetensors"))
+    assert converted["single"]["model.layers.0.attention.wq.weight"].equal(single["layers.0.attention.wq.weight"])
+    for layout in ("fsdp2", "tp2"):
+        assert converted[layout].keys() == converted["single"].keys()
+        assert all(converted[layout][k].equal(v) for k, v in converted["single"].items()), layout
 
 
 @pytest.fixture(scope="module")

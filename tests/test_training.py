@@ -144,13 +144,28 @@ def test_compile_and_float8_run_three_steps(tmp_path, variant, builtin_assets):
     assert ("Compiling each TransformerBlock" in log) if variant == "compile" else ("Swapped to Float8Linear" in log)
 
 
-def test_checkpoints_carry_the_model_record(debug_run):
-    """model.json next to the checkpoints rebuilds the run's model args (for `convert`)."""
+def test_trained_checkpoint_converts_to_hf_with_the_same_logits(debug_run, tmp_path):
+    """model.json next to the checkpoints rebuilds the run's model args, and the trained
+    (elementwise-gated) checkpoint gives our logits in transformers."""
+    import torch
+    transformers = pytest.importorskip("transformers")
+
     from gamma_titan.config import load_job_config
+    from gamma_titan.convert.dcp_io import load_model_state
+    from gamma_titan.convert.hf import to_hf
     from gamma_titan.convert.model_record import read_model_record
     from gamma_titan.inspect_model import resolve_model
 
-    name, args, record = read_model_record(debug_run / "checkpoint" / "step-30")
-    _, expected = resolve_model(load_job_config(["--job.config_file", str(DEBUG_TOML)]))
+    step = debug_run / "checkpoint" / "step-30"
+    name, args, record = read_model_record(step)
+    spec, expected = resolve_model(load_job_config(["--job.config_file", str(DEBUG_TOML)]))
     assert name == "gamma_dense" and record["flavor"] == "debug"
     assert args == expected and args.attention_gate == "elementwise" and args.norm_eps == 1e-12
+
+    model = spec.model_cls(args)
+    model.load_state_dict(load_model_state(step))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(to_hf(step, tmp_path / "hf", progress=False),
+                                                           dtype=torch.float32, trust_remote_code=True)
+    tokens = torch.randint(0, args.vocab_size, (2, 128), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (model(tokens) - hf(tokens).logits).abs().max().item() <= 1e-4

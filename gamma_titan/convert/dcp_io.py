@@ -24,26 +24,32 @@ def is_checkpoint(path: Path) -> bool:
     return (path / ".metadata").is_file()
 
 
-def load_model_state(checkpoint: str | Path, min_ndim: int = 0, key: str = "CHECKPOINT_DIR") -> dict[str, torch.Tensor]:
-    """Every model tensor (with at least `min_ndim` dimensions) of a DCP checkpoint, on CPU."""
+def load_model_state(checkpoint: str | Path, min_ndim: int = 0, key: str = "CHECKPOINT_DIR",
+                     progress: bool = False) -> dict[str, torch.Tensor]:
+    """Every model tensor (with at least `min_ndim` dimensions) of a DCP checkpoint, on CPU.
+    With `progress`, read one layer at a time under a progress bar."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    from tqdm import tqdm
 
     checkpoint = Path(checkpoint)
     if not is_checkpoint(checkpoint):
         raise ConfigError(f"{key}: {checkpoint} is not a DCP checkpoint folder (no .metadata); "
                           "point at a checkpoint/step-N folder")
     reader = dcp.FileSystemReader(str(checkpoint))
-    wanted = {}
+    groups: dict[str, dict[str, torch.Tensor]] = {}
     for name, meta in reader.read_metadata().state_dict_metadata.items():
         if isinstance(meta, TensorStorageMetadata) and len(meta.size) >= min_ndim and not name.startswith(NOT_MODEL):
-            wanted[name] = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
-    if not wanted:
+            group = ".".join(name.split(".")[:2]) if name.startswith("layers.") else ""
+            groups.setdefault(group, {})[name] = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+    if not groups:
         raise ConfigError(f"{key}: {checkpoint} holds no model weights")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
-        dcp.load(wanted, storage_reader=reader, no_dist=True)
-    return wanted
+        chunks = groups.values() if progress else [{k: v for g in groups.values() for k, v in g.items()}]
+        for chunk in tqdm(chunks, desc=f"reading {checkpoint.name}", unit="layer", disable=not progress):
+            dcp.load(chunk, storage_reader=dcp.FileSystemReader(str(checkpoint)), no_dist=True)
+    return {k: v for g in groups.values() for k, v in g.items()}
 
 
 def save_model_state(state: dict[str, torch.Tensor], checkpoint: str | Path) -> None:

@@ -92,7 +92,7 @@ def to_hf(checkpoint: str | Path, out: str | Path, *, dtype: str = "fp32", overw
                           "tokenizer; pass --tokenizer DIR if it moved)")
     _check_out(out, overwrite, "OUT_DIR")
 
-    state = load_model_state(checkpoint)
+    state = load_model_state(checkpoint, progress=progress)
     expected = _expected_shapes(name, args)
     if {k: tuple(v.shape) for k, v in state.items()} != expected:
         raise ConfigError(f"CHECKPOINT_DIR: {checkpoint} does not hold the {name} of its model.json "

@@ -1,5 +1,7 @@
 """Build the trainer as `gamma_titan.train` would (parallelised, then initialised) and
-save the full initial weights from rank 0.  Usage (under torchrun or plain python):
+save the full initial weights from rank 0; with --checkpoint.enable, also save them as the
+sharded DCP checkpoint `step-0` (with model.json), as a run at this layout would.
+Usage (under torchrun or plain python):
 
     python tests/scripts/dump_init_weights.py OUT.pt --job.config_file ... [overrides]
 """
@@ -16,18 +18,20 @@ from gamma_titan.train import preflight, single_process_env
 
 
 def main(out: str, argv: list[str]) -> None:
-    from torchtitan.train import Trainer
+    from gamma_titan.trainer import GammaTrainer
 
     config = load_job_config(argv)
     preflight(config)
     single_process_env()
-    trainer = Trainer(config)
+    trainer = GammaTrainer(config)
     full = {}
     for name, param in trainer.model_parts[0].named_parameters():
         tensor = param.full_tensor() if isinstance(param, DTensor) else param
         full[canonical_name(name)] = tensor.detach().clone()
     if torch.distributed.get_rank() == 0:
         torch.save(full, out)
+    if config.checkpoint.enable:
+        trainer.checkpointer.save(0, last_step=True)
     trainer.close()
     torch.distributed.destroy_process_group()
 
