@@ -1,5 +1,6 @@
 """DCP <-> Hugging Face: dense models without the gate become transformers' Llama, gated
-ones the self-contained GammaForCausalLM package; both give our logits and round-trip bitwise."""
+dense and all MoE models the self-contained GammaForCausalLM package; every variant gives
+our logits in transformers and round-trips bitwise."""
 
 import json
 
@@ -12,7 +13,7 @@ from gamma_titan.cli import main as cli_main
 from gamma_titan.convert.dcp_io import load_model_state, save_model_state
 from gamma_titan.convert.model_record import model_record, write_model_record
 from gamma_titan.models.dense import GammaDense
-from gamma_titan.models.moe import moe_flavors
+from gamma_titan.models.moe import GammaMoE, moe_flavors
 
 transformers = pytest.importorskip("transformers")
 
@@ -23,38 +24,62 @@ def _cli(*argv):
     return exit_.value.code
 
 
-def _checkpoint(root, args, tokenizer, seed=0):
+def _checkpoint(root, args, tokenizer, seed=0, model_name="gamma_dense"):
     """A run folder as the trainer leaves it: checkpoint/step-1 and checkpoint/model.json."""
     torch.manual_seed(seed)
-    model = GammaDense(args)
+    model = (GammaMoE if model_name == "gamma_moe" else GammaDense)(args)
     model.init_weights()
-    with torch.no_grad():  # gates away from 1/2, so a wrongly applied gate shows in the logits
-        for layer in model.layers.values():
-            if hasattr(layer.attention, "gate_proj"):
-                layer.attention.gate_proj.weight.normal_(0, 0.5)
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if "gate_proj" in name:  # gates away from 1/2, so a wrongly applied gate shows
+                tensor.normal_(0, 0.5)
+            if "router.gate" in name:  # routers that separate experts, so routing matters
+                tensor.normal_(0, 0.2)
+        for name, buffer in model.named_buffers():
+            if name.endswith("expert_bias"):  # a bias that changes which experts are chosen
+                buffer.normal_(0, 0.1)
     step = root / "checkpoint" / "step-1"
     save_model_state(model.state_dict(), step)
-    write_model_record(root / "checkpoint", model_record("gamma_dense", "debug", args, tokenizer))
+    write_model_record(root / "checkpoint", model_record(model_name, "debug", args, tokenizer))
     return model, step
 
 
-HF_CLASS = {"none": "LlamaForCausalLM", "headwise": "GammaForCausalLM", "elementwise": "GammaForCausalLM"}
+def _moe_args(flavor, **shape):
+    args = moe_flavors[flavor]
+    for key, value in shape.items():
+        setattr(args, key, value)
+    args.check()
+    return args
 
 
-@pytest.fixture(scope="module", params=list(HF_CLASS))
+# variant: (model name, args, transformers class)
+VARIANTS = {
+    "dense-none": ("gamma_dense", lambda: small_args(gamma=0.5, gate="none", n_layers=2, n_kv_heads=2),
+                   "LlamaForCausalLM"),
+    "dense-headwise": ("gamma_dense", lambda: small_args(gamma=0.5, gate="headwise", n_layers=2, n_kv_heads=2),
+                       "GammaForCausalLM"),
+    "dense-elementwise": ("gamma_dense", lambda: small_args(gamma=0.5, gate="elementwise", n_layers=2),
+                          "GammaForCausalLM"),
+    "moe-mha": ("gamma_moe", lambda: _moe_args("debug", n_layers=3, n_kv_heads=2, attention_gate="none"),
+                "GammaForCausalLM"),
+    "moe-mla": ("gamma_moe", lambda: _moe_args("debug_mla", n_layers=3, score_func="softmax"), "GammaForCausalLM"),
+}
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
 def dense(request, tmp_path_factory, builtin_assets):
     _, tokenizer = builtin_assets
     root = tmp_path_factory.mktemp(f"convert-{request.param}")
-    args = small_args(gamma=0.5, gate=request.param, eps=1e-12, n_layers=2, n_kv_heads=2)
-    model, step = _checkpoint(root, args, tokenizer)
+    model_name, make_args, hf_class = VARIANTS[request.param]
+    model, step = _checkpoint(root, make_args(), tokenizer, model_name=model_name)
     assert _cli("convert", "to-hf", step, root / "hf") == 0
-    return root, model, step
+    return root, model, step, hf_class
 
 
 def test_logits_match_ours_in_transformers(dense):
-    root, model, _ = dense
+    root, model, _, hf_class = dense
     hf = transformers.AutoModelForCausalLM.from_pretrained(root / "hf", dtype=torch.float32, trust_remote_code=True)
-    assert type(hf).__name__ == HF_CLASS[model.model_args.attention_gate]
+    assert type(hf).__name__ == hf_class
     assert hf.config.rms_norm_eps == 1e-12
     tokens = torch.randint(0, model.model_args.vocab_size, (2, 64), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -71,7 +96,7 @@ def test_logits_match_ours_in_transformers(dense):
 
 
 def test_round_trip_is_bitwise(dense, tmp_path):
-    root, _, step = dense
+    root, _, step, _ = dense
     assert _cli("convert", "from-hf", root / "hf", tmp_path / "back") == 0
     original, back = load_model_state(step), load_model_state(tmp_path / "back")
     assert original.keys() == back.keys()
@@ -89,11 +114,11 @@ def test_bad_input_writes_nothing(tmp_path, builtin_assets, capsys):
     assert _cli("convert", "to-hf", step, tmp_path / "full") == 2
     assert "exists and is not empty; choose a new folder or pass --overwrite" in capsys.readouterr().err
     assert [p.name for p in (tmp_path / "full").iterdir()] == ["keep.txt"]
-    moe_step = tmp_path / "moe" / "checkpoint" / "step-1"
-    save_model_state({"w": torch.zeros(2, 2)}, moe_step)
+    moe_step = tmp_path / "moe" / "checkpoint" / "step-1"  # a dense model's tensors under a MoE model.json
+    save_model_state(GammaDense(small_args(n_layers=2)).state_dict(), moe_step)
     write_model_record(moe_step.parent, model_record("gamma_moe", "debug", moe_flavors["debug"], builtin_assets[1]))
     assert _cli("convert", "to-hf", moe_step, tmp_path / "b") == 2
-    assert "gamma_moe has no Hugging Face conversion yet" in capsys.readouterr().err
+    assert "does not hold the gamma_moe of its model.json" in capsys.readouterr().err
     # another architecture's tensors under this model.json
     _, gated_step = _checkpoint(tmp_path / "gated", small_args(gate="elementwise", n_layers=2), builtin_assets[1])
     write_model_record(gated_step.parent, model_record("gamma_dense", "debug", small_args(gate="none", n_layers=2),

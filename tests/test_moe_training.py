@@ -57,7 +57,7 @@ def test_thirty_steps_train_and_log_expert_load(tmp_path, attention, builtin_ass
     dump = tmp_path / "run"
     aux = ("--model_args.aux_loss_coeff", "0.01") if attention == "mla" else ()  # the optional aux loss
     run_trainer(dump, "--training.steps", "30", "--metrics.log_freq", "10", "--validation.enable", "false",
-                *aux, config=CONFIGS[attention])
+                "--checkpoint.enable", "true", "--checkpoint.interval", "30", *aux, config=CONFIGS[attention])
     records = read_metrics(dump)
     if aux:  # α·E·Σ f·P ≈ α near balance, > α when skewed
         assert all(0.009 < r["moe/aux_loss"] < 0.04 for r in records)
@@ -71,6 +71,25 @@ def test_thirty_steps_train_and_log_expert_load(tmp_path, attention, builtin_ass
             assert 0.0 <= r[f"moe/load_min_over_mean/layer_{layer}"] <= 1.0
         assert "moe/load_max_over_mean/layer_0" not in r
     assert list((dump / "tb").rglob("events.out.tfevents.*"))
+
+    # The trained checkpoint (expert bias moved by load balancing) gives our logits in transformers.
+    transformers = pytest.importorskip("transformers")
+    from gamma_titan.convert.dcp_io import load_model_state
+    from gamma_titan.convert.hf import to_hf
+    from gamma_titan.convert.model_record import read_model_record
+    from gamma_titan.models.moe import GammaMoE
+
+    step = dump / "checkpoint" / "step-30"
+    _, args, _ = read_model_record(step)
+    state = load_model_state(step)
+    assert state["layers.1.moe.expert_bias"].abs().sum() > 0
+    model = GammaMoE(args)
+    model.load_state_dict(state)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(to_hf(step, tmp_path / "hf", progress=False),
+                                                           dtype=torch.float32, trust_remote_code=True)
+    tokens = torch.randint(0, args.vocab_size, (2, 128), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (model(tokens) - hf(tokens).logits).abs().max().item() <= 1e-4
 
 
 @pytest.mark.parametrize("attention, extra, log_line", [

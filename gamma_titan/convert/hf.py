@@ -8,8 +8,7 @@ reads such a folder back into a model-only DCP checkpoint plus model.json, for
 
 Architectures (exact, or refused with a one-line error; nothing is approximated):
   gamma_dense, attention_gate = "none"         ->  LlamaForCausalLM (llama.py)
-  gamma_dense, headwise or elementwise gate    ->  GammaForCausalLM, code in the folder (custom.py)
-MoE models are not converted yet.
+  gamma_dense with a gate, every gamma_moe     ->  GammaForCausalLM, code in the folder (custom.py)
 """
 
 from __future__ import annotations
@@ -85,7 +84,7 @@ def to_hf(checkpoint: str | Path, out: str | Path, *, dtype: str = "fp32", overw
     name, args, record = read_model_record(checkpoint)
     converter = next((c for c in CONVERTERS if c.represents(name, args)), None)
     if converter is None:
-        raise ConfigError(f"CHECKPOINT_DIR: {name} has no Hugging Face conversion yet (gamma_dense converts)")
+        raise ConfigError(f"CHECKPOINT_DIR: {name} has no Hugging Face conversion")
     tokenizer_dir = Path(tokenizer or record.get("tokenizer") or "")
     if not (tokenizer_dir / "tokenizer.json").is_file():
         raise ConfigError(f"--tokenizer: {tokenizer_dir} has no tokenizer.json (model.json names the run's "
@@ -148,7 +147,7 @@ def from_hf(hf_dir: str | Path, checkpoint: str | Path, *, overwrite: bool = Fal
     args = converter.args_from_config(cfg)
     _check_out(checkpoint, overwrite, "CHECKPOINT_DIR")
     state = converter.from_hf(_read_hf_state(hf_dir))
-    expected = _expected_shapes("gamma_dense", args)
+    expected = _expected_shapes(cfg.get("gamma_titan_model", "gamma_dense"), args)
     if {k: tuple(v.shape) for k, v in state.items()} != expected:
         raise ConfigError(f"HF_DIR: the weights in {hf_dir} do not match its config.json")
     if checkpoint.exists() and overwrite:
@@ -162,5 +161,6 @@ def from_hf(hf_dir: str | Path, checkpoint: str | Path, *, overwrite: bool = Fal
             if (hf_dir / file).is_file():
                 shutil.copy(hf_dir / file, tokenizer_dir / file)
     save_model_state(state, checkpoint)
-    write_model_record(checkpoint, model_record("gamma_dense", "from-hf", args, tokenizer_dir))
+    write_model_record(checkpoint, model_record(cfg.get("gamma_titan_model", "gamma_dense"), "from-hf", args,
+                                                tokenizer_dir))
     return checkpoint

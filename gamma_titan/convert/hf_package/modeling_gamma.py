@@ -1,16 +1,19 @@
-"""gamma-titan's dense decoder with gated attention, for transformers (trust_remote_code).
+"""gamma-titan's decoders (dense and MoE, gated attention, MHA or MLA), for transformers
+(trust_remote_code).
 
 Written by `gamma-titan convert to-hf`; needs only torch and transformers. The same model
-as gamma_titan.models.dense, top to bottom:
+as gamma_titan.models.dense / .moe, top to bottom:
 
     h = embed(tokens)
     h = h + Wo( gate(x) * attention(RoPE(Wq x), RoPE(Wk x), Wv x) ),  x = RMSNorm(h)
-    h = h + W2( silu(W1 x) * W3 x ),                                   x = RMSNorm(h)
+    h = h + FFN(x),                                                    x = RMSNorm(h)
     logits = Output(RMSNorm(h))
 
 gate(x) = sigmoid(Wg x), one value per head ("headwise") or per channel ("elementwise"),
-or 1 ("none"). RMSNorm keeps the trained ε (often 1e-12). No KV cache: generation
-recomputes the prefix, which is exact and fine for evaluation.
+or 1 ("none"). FFN is SwiGLU, W2(silu(W1 x) * W3 x), or (MoE layers) shared SwiGLU experts
+plus the top-k routed experts, each fed the token scaled by its router score, as
+TorchTitan's MoE computes it. RMSNorm keeps the trained ε (often 1e-12). No KV cache:
+generation recomputes the prefix, which is exact and fine for evaluation.
 """
 
 import torch
@@ -63,28 +66,128 @@ class GammaAttention(nn.Module):
         return self.wo(out.reshape(bs, seq, -1))
 
 
-class GammaFeedForward(nn.Module):
+class GammaMLA(nn.Module):
+    """Multi-head latent attention: queries direct or through a low-rank latent, keys and
+    values from one shared latent, plus one rotary key slice shared by all heads."""
+
     def __init__(self, config):
         super().__init__()
-        self.w1 = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.w2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-        self.w3 = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        d, heads, c = config.hidden_size, config.num_attention_heads, config
+        self.nope, self.rope_dim, self.v_dim = c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
+        self.qk_dim, self.kv_lora_rank, self.gate = self.nope + self.rope_dim, c.kv_lora_rank, c.attention_gate
+        if c.q_lora_rank == 0:
+            self.wq = nn.Linear(d, heads * self.qk_dim, bias=False)
+        else:
+            self.wq_a = nn.Linear(d, c.q_lora_rank, bias=False)
+            self.q_norm = nn.RMSNorm(c.q_lora_rank, eps=c.rms_norm_eps)
+            self.wq_b = nn.Linear(c.q_lora_rank, heads * self.qk_dim, bias=False)
+        self.wkv_a = nn.Linear(d, c.kv_lora_rank + self.rope_dim, bias=False)
+        self.kv_norm = nn.RMSNorm(c.kv_lora_rank, eps=c.rms_norm_eps)
+        self.wkv_b = nn.Linear(c.kv_lora_rank, heads * (self.nope + self.v_dim), bias=False)
+        self.wo = nn.Linear(heads * self.v_dim, d, bias=False)
+        if self.gate != "none":
+            self.gate_width = self.v_dim if self.gate == "elementwise" else 1
+            self.gate_proj = nn.Linear(d, heads * self.gate_width, bias=False)
+
+    def forward(self, x, cos, sin, mask):
+        bs, seq, _ = x.shape
+        q = self.wq(x) if hasattr(self, "wq") else self.wq_b(self.q_norm(self.wq_a(x)))
+        q_nope, q_rope = q.view(bs, seq, -1, self.qk_dim).split([self.nope, self.rope_dim], dim=-1)
+        q = torch.cat([q_nope, apply_rope(q_rope, cos, sin)], dim=-1)
+        latent, k_rope = self.wkv_a(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
+        k_rope = apply_rope(k_rope.unsqueeze(2), cos, sin)
+        k_nope, v = self.wkv_b(self.kv_norm(latent)).view(bs, seq, -1, self.nope + self.v_dim).split(
+            [self.nope, self.v_dim], dim=-1)
+        k = torch.cat([k_nope, k_rope.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if mask is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out = out.transpose(1, 2)
+        if self.gate != "none":
+            out = out * torch.sigmoid(self.gate_proj(x)).view(bs, seq, -1, self.gate_width)
+        return self.wo(out.reshape(bs, seq, -1))
+
+
+class GammaFeedForward(nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
 
     def forward(self, x):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
-class GammaBlock(nn.Module):
+class GammaRouter(nn.Module):
     def __init__(self, config):
         super().__init__()
+        self.gate = nn.Linear(config.hidden_size, config.n_routed_experts, bias=False)
+
+
+class GammaExperts(nn.Module):
+    """Routed experts stacked as (experts, out, in), as TorchTitan stores them."""
+
+    def __init__(self, config):
+        super().__init__()
+        e, d, hidden = config.n_routed_experts, config.hidden_size, config.moe_intermediate_size
+        self.w1 = nn.Parameter(torch.empty(e, hidden, d))
+        self.w2 = nn.Parameter(torch.empty(e, d, hidden))
+        self.w3 = nn.Parameter(torch.empty(e, hidden, d))
+
+
+class GammaMoE(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.router = GammaRouter(config)
+        self.experts = GammaExperts(config)
+        if config.n_shared_experts:
+            self.shared_experts = GammaFeedForward(config.hidden_size,
+                                                   config.moe_intermediate_size * config.n_shared_experts)
+        if config.expert_bias:  # aux-loss-free balancing: shifts which experts are chosen, not their weights
+            self.register_buffer("expert_bias", torch.zeros(config.n_routed_experts))
+
+    def forward(self, x):
+        c, shape = self.config, x.shape
+        x = x.reshape(-1, shape[-1])
+        logits = self.router.gate(x).float()
+        scores = torch.sigmoid(logits) if c.score_func == "sigmoid" else F.softmax(logits, dim=-1)
+        choice = scores + self.expert_bias if hasattr(self, "expert_bias") else scores
+        chosen = torch.topk(choice, k=c.num_experts_per_tok, dim=-1, sorted=False).indices
+        weights = scores.gather(1, chosen)
+        if c.route_norm:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        weights = weights * c.route_scale
+        out = torch.zeros_like(x)
+        w1, w2, w3 = self.experts.w1, self.experts.w2, self.experts.w3
+        for e in range(c.n_routed_experts):
+            token, slot = (chosen == e).nonzero(as_tuple=True)
+            if token.numel():
+                inp = (x[token].float() * weights[token, slot, None]).to(x.dtype)  # score before the expert
+                out.index_add_(0, token, (F.silu(inp @ w1[e].T) * (inp @ w3[e].T)) @ w2[e].T)
+        if hasattr(self, "shared_experts"):
+            out = out + self.shared_experts(x)
+        return out.reshape(shape)
+
+
+class GammaBlock(nn.Module):
+    def __init__(self, config, layer_id):
+        super().__init__()
         self.attention_norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.attention = GammaAttention(config)
+        self.attention = GammaMLA(config) if config.attention == "mla" else GammaAttention(config)
         self.ffn_norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.feed_forward = GammaFeedForward(config)
+        self.moe_enabled = config.n_routed_experts > 0 and layer_id >= config.n_dense_layers
+        if self.moe_enabled:
+            self.moe = GammaMoE(config)
+        else:
+            self.feed_forward = GammaFeedForward(config.hidden_size, config.intermediate_size)
 
     def forward(self, h, cos, sin, mask):
         h = h + self.attention(self.attention_norm(h), cos, sin, mask)
-        return h + self.feed_forward(self.ffn_norm(h))
+        return h + (self.moe if self.moe_enabled else self.feed_forward)(self.ffn_norm(h))
 
 
 class GammaPreTrainedModel(PreTrainedModel):
@@ -100,7 +203,7 @@ class GammaModel(GammaPreTrainedModel):
     def __init__(self, config):
         super().__init__(config)
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(GammaBlock(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(GammaBlock(config, i) for i in range(config.num_hidden_layers))
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_init()
 
@@ -115,8 +218,9 @@ class GammaModel(GammaPreTrainedModel):
                 position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         if position_ids is None:
             position_ids = torch.arange(seq, device=input_ids.device).expand(bs, seq)
-        cos, sin = rope_angles(self.config.hidden_size // self.config.num_attention_heads, position_ids,
-                               self.config.rope_theta)
+        c = self.config
+        rope_dim = c.qk_rope_head_dim if c.attention == "mla" else c.hidden_size // c.num_attention_heads
+        cos, sin = rope_angles(rope_dim, position_ids, c.rope_theta)
         h = self.tok_embeddings(input_ids)
         for layer in self.layers:
             h = layer(h, cos, sin, mask)
