@@ -6,6 +6,8 @@
     gamma-titan pretokenize --input SOURCE --tokenizer DIR --out DIR [--num-proc N] [--val-fraction F]
     gamma-titan convert to-hf CHECKPOINT_DIR OUT_DIR [--dtype fp32|bf16] [--overwrite]
     gamma-titan convert from-hf HF_DIR CHECKPOINT_DIR [--overwrite]
+    gamma-titan eval HF_DIR [--tasks T ...] [--paper-suite] [--local-task NAME=FILE.jsonl ...] [--limit N]
+    gamma-titan eval compare A.json B.json [--labels A B] [--out FILE.md]
     gamma-titan report condensation RUN_DIR [RUN_DIR ...] [--out DIR] [--matrices NAME ...] [--steps N ...]
 
 `train` checks the config here, then starts `torchrun -m gamma_titan.train` with N
@@ -20,12 +22,19 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from gamma_titan.errors import ConfigError
 
 
 def _config_argv(config: str, overrides: list[str]) -> list[str]:
     return ["--job.config_file", config, *overrides]
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _default_nproc() -> int:
@@ -109,6 +118,26 @@ def cmd_convert(ns, overrides: list[str]) -> int:
     return 0
 
 
+def cmd_eval(ns, overrides: list[str]) -> int:
+    from gamma_titan import evaluation
+
+    if ns.hf_dir == "compare":  # gamma-titan eval compare A.json B.json
+        if len(overrides) != 2:
+            raise ConfigError("eval compare: give two result files, A.json B.json")
+        table = evaluation.compare(*overrides, labels=tuple(ns.labels) if ns.labels else None)
+        if ns.out:
+            Path(ns.out).write_text(table, encoding="utf-8")
+        print(table, end="")
+        return 0
+    if overrides:
+        raise ConfigError(f"unknown arguments: {' '.join(overrides)}")
+    out = evaluation.run(ns.hf_dir, ns.tasks or [], local_tasks=ns.local_task or [], paper_suite=ns.paper_suite,
+                         include_path=ns.include_path, limit=ns.limit, num_fewshot=ns.num_fewshot,
+                         batch_size=ns.batch_size, out=ns.out, overwrite=ns.overwrite, device=ns.device)
+    print(out)
+    return 0
+
+
 def cmd_report_condensation(ns, overrides: list[str]) -> int:
     if overrides:
         raise ConfigError(f"unknown arguments: {' '.join(overrides)}")
@@ -175,6 +204,22 @@ def build_parser() -> argparse.ArgumentParser:
     from_hf.add_argument("target", metavar="CHECKPOINT_DIR")
     from_hf.add_argument("--overwrite", action="store_true", help="replace a non-empty CHECKPOINT_DIR")
     from_hf.set_defaults(run=cmd_convert)
+
+    ev = sub.add_parser("eval", help="lm-evaluation-harness on a converted model; `eval compare A.json B.json`")
+    ev.add_argument("hf_dir", metavar="HF_DIR", help="a folder from `convert to-hf` (or the word compare)")
+    ev.add_argument("--tasks", nargs="*", help="lm-eval task names")
+    ev.add_argument("--paper-suite", action="store_true", help="the paper's tasks (needs a network for their data)")
+    ev.add_argument("--local-task", nargs="*", metavar="NAME=FILE.jsonl",
+                    help='multiple-choice task over a local jsonl of {"question", "choices", "answer"}')
+    ev.add_argument("--include-path", help="folder of your own lm-eval task YAMLs")
+    ev.add_argument("--limit", type=float, help="at most this many examples per task (or a fraction)")
+    ev.add_argument("--num-fewshot", type=int)
+    ev.add_argument("--batch-size", type=int, default=8)
+    ev.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    ev.add_argument("--out", help="results JSON (default HF_DIR/eval/results.json); compare: markdown file")
+    ev.add_argument("--labels", nargs=2, help="compare: column names for the two runs")
+    ev.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    ev.set_defaults(run=cmd_eval)
 
     report = sub.add_parser("report", help="offline reports on runs").add_subparsers(dest="report", required=True)
     condensation = report.add_parser(

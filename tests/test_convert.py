@@ -126,3 +126,41 @@ def test_bad_input_writes_nothing(tmp_path, builtin_assets, capsys):
     assert _cli("convert", "to-hf", gated_step, tmp_path / "c") == 2
     assert "does not hold the gamma_dense of its model.json" in capsys.readouterr().err
     assert not any((tmp_path / d).exists() for d in "abc")
+
+
+def test_eval_on_a_local_task_and_the_comparison_table(tmp_path, builtin_assets, capsys):
+    """`gamma-titan eval` (lm-evaluation-harness) on converted debug models, offline."""
+    pytest.importorskip("lm_eval")
+    from gamma_titan.evaluation import compare, run
+
+    questions = [{"question": f"What is {a} plus {b}?", "choices": [str(a + b), str(a + b + 1), str(a * b)],
+                  "answer": 0} for a in range(3) for b in range(3)]
+    task = tmp_path / "arith.jsonl"
+    task.write_text("".join(json.dumps(q) + "\n" for q in questions))
+    results = {}
+    for variant in ("dense-none", "dense-elementwise"):
+        model_name, make_args, _ = VARIANTS[variant]
+        _, step = _checkpoint(tmp_path / variant, make_args(), builtin_assets[1], model_name=model_name)
+        assert _cli("convert", "to-hf", step, tmp_path / variant / "hf") == 0
+        results[variant] = run(tmp_path / variant / "hf", [], local_tasks=[f"arith={task}"], batch_size=4)
+        record = json.loads(results[variant].read_text())
+        assert record["n_samples"]["arith"]["effective"] == len(questions)
+        assert set(record["metrics"]["arith"]) == {"acc", "acc_norm"}
+        assert 0 <= record["metrics"]["arith"]["acc"] <= 1
+    table = compare(results["dense-none"], results["dense-elementwise"], labels=("γ = 0.5", "γ = 1"))
+    none, gated = (json.loads(results[v].read_text())["metrics"]["arith"]["acc_norm"] for v in results)
+    assert f"| arith | acc_norm | {100 * none:.2f} | {100 * gated:.2f} | {100 * (gated - none):+.2f} |" in table
+    assert table.splitlines()[0] == "| task | metric | γ = 0.5 | γ = 1 | gain |"
+
+    # bad input: one line, nothing written
+    capsys.readouterr()
+    hf = tmp_path / "dense-none" / "hf"
+    for argv, message in [
+        ((hf, "--local-task", f"arith={tmp_path / 'missing.jsonl'}"), "missing.jsonl does not exist"),
+        ((hf, "--local-task", "arith"), "write it as NAME=FILE.jsonl"),
+        ((hf, "--local-task", f"arith={task}"), "results.json exists; choose another file or pass --overwrite"),
+        ((tmp_path, "--tasks", "hellaswag"), "has no config.json"),
+    ]:
+        assert _cli("eval", *argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1
