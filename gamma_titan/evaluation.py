@@ -92,9 +92,15 @@ def run(hf_dir: str | Path, tasks: list[str], *, local_tasks: list[str] = (), pa
     from lm_eval.tasks import TaskManager
     from lm_eval.utils import handle_non_serializable
 
-    # Only index lm-eval's own task library when a task from it is asked for (it takes ~15 s).
-    named = [t for t in task_list if isinstance(t, str)]
-    manager = TaskManager(include_path=include_path, include_defaults=bool(named))
+    # Index lm-eval's own task library (~15 s) only when a named task is not in include_path.
+    named = {t for t in task_list if isinstance(t, str)}
+    manager = TaskManager(include_path=include_path, include_defaults=False)
+    if not named <= set(manager.all_tasks):
+        manager = TaskManager(include_path=include_path, include_defaults=True)
+        unknown = sorted(named - set(manager.all_tasks))
+        if unknown:
+            raise ConfigError(f"--tasks: unknown task {', '.join(unknown)}; see `lm-eval ls tasks`, "
+                              "or add a YAML with --include-path")
     results = lm_eval.simple_evaluate(
         model="hf",
         model_args={"pretrained": str(hf_dir), "trust_remote_code": True, "dtype": "float32"},

@@ -24,11 +24,24 @@ def _cli(*argv):
     return exit_.value.code
 
 
-def _checkpoint(root, args, tokenizer, seed=0, model_name="gamma_dense"):
+def _train(model, steps=3):
+    """A few AdamW steps on random tokens: weights that are no longer at their init."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(steps):
+        tokens = torch.randint(0, model.model_args.vocab_size, (2, 33))
+        logits = model(tokens[:, :-1])
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def _checkpoint(root, args, tokenizer, seed=0, model_name="gamma_dense", trained=False):
     """A run folder as the trainer leaves it: checkpoint/step-1 and checkpoint/model.json."""
     torch.manual_seed(seed)
     model = (GammaMoE if model_name == "gamma_moe" else GammaDense)(args)
     model.init_weights()
+    if trained:
+        _train(model)
     with torch.no_grad():
         for name, tensor in model.named_parameters():
             if "gate_proj" in name:  # gates away from 1/2, so a wrongly applied gate shows
@@ -66,12 +79,14 @@ VARIANTS = {
 }
 
 
-@pytest.fixture(scope="module", params=list(VARIANTS))
+@pytest.fixture(scope="module", params=[f"{v}-{state}" for v in VARIANTS for state in ("init", "trained")])
 def dense(request, tmp_path_factory, builtin_assets):
     _, tokenizer = builtin_assets
     root = tmp_path_factory.mktemp(f"convert-{request.param}")
-    model_name, make_args, hf_class = VARIANTS[request.param]
-    model, step = _checkpoint(root, make_args(), tokenizer, model_name=model_name)
+    variant, state = request.param.rsplit("-", 1)
+    model_name, make_args, hf_class = VARIANTS[variant]
+    model, step = _checkpoint(root, make_args(), tokenizer, model_name=model_name, trained=state == "trained")
+    model.eval()
     assert _cli("convert", "to-hf", step, root / "hf") == 0
     return root, model, step, hf_class
 
@@ -104,9 +119,15 @@ def test_round_trip_is_bitwise(dense, tmp_path):
     assert json.loads((tmp_path / "back" / "model.json").read_text())["args"]["norm_eps"] == 1e-12
 
 
-def test_bad_input_writes_nothing(tmp_path, builtin_assets, capsys):
-    _, step = _checkpoint(tmp_path / "run", small_args(gate="none", n_layers=2), builtin_assets[1])
+def test_bf16_and_bad_input_writes_nothing(tmp_path, builtin_assets, capsys):
+    model, step = _checkpoint(tmp_path / "run", small_args(gate="none", n_layers=2), builtin_assets[1])
     root = tmp_path / "run"
+    assert _cli("convert", "to-hf", step, tmp_path / "bf16", "--dtype", "bf16") == 0
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "bf16")
+    assert hf.config.dtype == torch.bfloat16 and hf.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert hf.model.embed_tokens.weight.equal(model.tok_embeddings.weight.bfloat16())
+    assert _cli("convert", "to-hf", step, tmp_path / "fp16", "--dtype", "fp16") == 2
+    assert "--dtype fp16: allowed fp32, bf16" in capsys.readouterr().err
     assert _cli("convert", "to-hf", root / "checkpoint", tmp_path / "a") == 2
     assert "is not a DCP checkpoint folder" in capsys.readouterr().err
     (tmp_path / "full").mkdir()
@@ -125,7 +146,7 @@ def test_bad_input_writes_nothing(tmp_path, builtin_assets, capsys):
                                                        builtin_assets[1]))
     assert _cli("convert", "to-hf", gated_step, tmp_path / "c") == 2
     assert "does not hold the gamma_dense of its model.json" in capsys.readouterr().err
-    assert not any((tmp_path / d).exists() for d in "abc")
+    assert not any((tmp_path / d).exists() for d in ("a", "b", "c", "fp16"))
 
 
 def test_eval_on_a_local_task_and_the_comparison_table(tmp_path, builtin_assets, capsys):
@@ -147,6 +168,16 @@ def test_eval_on_a_local_task_and_the_comparison_table(tmp_path, builtin_assets,
         assert record["n_samples"]["arith"]["effective"] == len(questions)
         assert set(record["metrics"]["arith"]) == {"acc", "acc_norm"}
         assert 0 <= record["metrics"]["arith"]["acc"] <= 1
+    # the same task as a YAML file of one's own (--include-path)
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "arith.yaml").write_text(
+        f"task: arith_yaml\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {task}\n"
+        "test_split: test\noutput_type: multiple_choice\ndoc_to_text: '{{question}}'\n"
+        "doc_to_choice: '{{choices}}'\ndoc_to_target: '{{answer}}'\nmetric_list:\n  - metric: acc_norm\n")
+    yaml_run = run(tmp_path / "dense-none" / "hf", ["arith_yaml"], include_path=str(tmp_path / "tasks"),
+                   out=tmp_path / "yaml.json")
+    assert json.loads(yaml_run.read_text())["metrics"]["arith_yaml"]["acc_norm"] == \
+        json.loads(results["dense-none"].read_text())["metrics"]["arith"]["acc_norm"]
     table = compare(results["dense-none"], results["dense-elementwise"], labels=("γ = 0.5", "γ = 1"))
     none, gated = (json.loads(results[v].read_text())["metrics"]["arith"]["acc_norm"] for v in results)
     assert f"| arith | acc_norm | {100 * none:.2f} | {100 * gated:.2f} | {100 * (gated - none):+.2f} |" in table
