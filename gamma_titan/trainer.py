@@ -4,7 +4,7 @@ Three additions:
   * after the optimizer step of a due step (step 1 and every `freq` steps),
     `LiveDiagnostics.measure` runs on the probe batch and its numbers go to the same metrics
     line, TensorBoard and metrics.jsonl as the step's loss;
-  * model.json goes next to the checkpoints (convert/model_record.py);
+  * model.json goes next to the checkpoints, with each save (convert/model_record.py);
   * when the data runs out (`gamma.data.on_exhausted = "stop"`), the last finished step is
     checkpointed before TorchTitan ends the loop (it would otherwise end without saving).
 """
@@ -31,10 +31,13 @@ class GammaTrainer(Trainer):
                                                tp_group=tp.get_group() if tp is not None else None)
             self.metrics_processor.diagnostics_attached = True
         if job_config.checkpoint.enable and torch.distributed.get_rank() == 0:
-            self._write_model_record()
+            self._record_model_with_checkpoints()
 
-    def _write_model_record(self) -> None:
-        """model.json next to the checkpoints: what `gamma-titan convert` needs besides tensors."""
+    def _record_model_with_checkpoints(self) -> None:
+        """model.json next to the checkpoints: what `gamma-titan convert` needs besides
+        tensors. Written after each save rather than at start-up: TorchTitan ignores
+        `checkpoint.initial_load_path` once the checkpoint folder exists, so the folder must
+        not appear before the first checkpoint does."""
         import os
 
         from gamma_titan.convert.model_record import model_record, write_model_record
@@ -43,7 +46,15 @@ class GammaTrainer(Trainer):
         job = self.job_config
         record = model_record(job.model.name, job.model.flavor, self.model_args,
                               resolve_tokenizer_path(job.model.hf_assets_path))
-        write_model_record(os.path.join(job.job.dump_folder, job.checkpoint.folder), record)
+        folder = os.path.join(job.job.dump_folder, job.checkpoint.folder)
+        save = self.checkpointer.save
+
+        def save_and_record(curr_step: int, last_step: bool = False) -> None:
+            save(curr_step, last_step=last_step)
+            if os.path.isdir(folder):  # a checkpoint was written (or is being written)
+                write_model_record(folder, record)
+
+        self.checkpointer.save = save_and_record
 
     def train_step(self, data_iterator):
         try:

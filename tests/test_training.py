@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from helpers import DEBUG_TOML, REPO, read_metrics, run_trainer
+from helpers import DEBUG_TOML, QUIET, REPO, read_metrics, run_trainer
 
 pytestmark = pytest.mark.multiprocess
 
@@ -169,3 +169,21 @@ def test_trained_checkpoint_converts_to_hf_with_the_same_logits(debug_run, tmp_p
     tokens = torch.randint(0, args.vocab_size, (2, 128), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert (model(tokens) - hf(tokens).logits).abs().max().item() <= 1e-4
+
+    # Back to DCP, and training starts from it: step 1's loss is the converted model's loss on
+    # the first batch.
+    from gamma_titan.cli import main as cli_main
+    from gamma_titan.data.memmap import open_samples
+    from gamma_titan.data.packed import PackedSequences
+
+    with pytest.raises(SystemExit) as done:
+        cli_main(["convert", "from-hf", str(tmp_path / "hf"), str(tmp_path / "start")])
+    assert done.value.code == 0
+    run_trainer(tmp_path / "run", *QUIET, "--training.steps", "1", "--checkpoint.enable", "true",
+                "--checkpoint.initial_load_path", str(tmp_path / "start"), "--checkpoint.interval", "100")
+    config = load_job_config(["--job.config_file", str(DEBUG_TOML)])
+    inputs, labels = next(iter(PackedSequences(open_samples(config, "training", config.training.seq_len), 0, 1,
+                                               config.training.local_batch_size)))
+    with torch.no_grad():
+        expected = torch.nn.functional.cross_entropy(model(inputs["input"]).flatten(0, 1), labels.flatten())
+    assert read_metrics(tmp_path / "run")[0]["loss"] == pytest.approx(expected.item(), rel=1e-5)
