@@ -28,10 +28,15 @@ def small_args(gamma: float = 1.0, gate: str = "elementwise", eps: float = 1e-12
     return args
 
 
+def xdist_workers() -> int:
+    """pytest-xdist workers running side by side (tools/test.sh uses 2): they share the cores."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+
+
 def run_trainer(dump: Path, *overrides: str, nproc: int = 1, config: Path = DEBUG_TOML,
                 timeout: int = 600) -> subprocess.CompletedProcess:
     """`torchrun -m gamma_titan.train` (or plain python for one process), as a user would."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // nproc))}
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // (nproc * xdist_workers())))}
     argv = ["-m", "gamma_titan.train", "--job.config_file", str(config),
             "--job.dump_folder", str(dump), *overrides]
     if nproc > 1:
