@@ -92,6 +92,8 @@ def run(hf_dir: str | Path, tasks: list[str], *, local_tasks: list[str] = (), pa
     from lm_eval.tasks import TaskManager
     from lm_eval.utils import handle_non_serializable
 
+    from gamma_titan.data.cache import write_json_atomic
+
     # Index lm-eval's own task library (~15 s) only when a named task is not in include_path.
     named = {t for t in task_list if isinstance(t, str)}
     manager = TaskManager(include_path=include_path, include_defaults=False)
@@ -117,9 +119,7 @@ def run(hf_dir: str | Path, tasks: list[str], *, local_tasks: list[str] = (), pa
         "n_samples": results.get("n-samples"),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(json.dumps(record, indent=1, default=handle_non_serializable) + "\n", encoding="utf-8")
-    tmp.replace(out)
+    write_json_atomic(out, record, default=handle_non_serializable)
     return out
 
 

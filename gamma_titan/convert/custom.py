@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from gamma_titan.convert.llama import set_decoder_shape
 from gamma_titan.errors import ConfigError
 
 MODEL_TYPE = "gamma_titan"
@@ -96,10 +97,7 @@ def args_from_config(cfg: dict[str, Any]):
         args.score_func, args.route_norm, args.route_scale = cfg["score_func"], cfg["route_norm"], cfg["route_scale"]
         # the bias step size is a training setting; what matters here is whether the bias exists
         args.load_balance_coeff = (args.load_balance_coeff or 1e-3) if cfg["expert_bias"] else None
-    heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
-    args.dim, args.n_layers, args.n_heads = cfg["hidden_size"], cfg["num_hidden_layers"], heads
-    args.n_kv_heads = None if kv == heads else kv
-    args.ffn_hidden_dim, args.vocab_size = cfg["intermediate_size"], cfg["vocab_size"]
+    set_decoder_shape(args, cfg)
     args.rope_theta, args.max_seq_len = float(cfg["rope_theta"]), cfg["max_position_embeddings"]
     args.norm_eps, args.attention_gate = float(cfg["rms_norm_eps"]), cfg["attention_gate"]
     args.check()

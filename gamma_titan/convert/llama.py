@@ -91,6 +91,15 @@ def from_hf(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def set_decoder_shape(args, cfg: dict[str, Any]) -> None:
+    """Width, depth, heads, (dense) FFN width and vocabulary from HF config keys, which our
+    package's config.json shares with Llama's."""
+    heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    args.dim, args.n_layers, args.n_heads = cfg["hidden_size"], cfg["num_hidden_layers"], heads
+    args.n_kv_heads = None if kv == heads else kv
+    args.ffn_hidden_dim, args.vocab_size = cfg["intermediate_size"], cfg["vocab_size"]
+
+
 def args_from_config(cfg: dict[str, Any]):
     """DenseModelArgs for a Llama config.json; one-line error for what Llama can do and we cannot."""
     from gamma_titan.models.dense import dense_flavors
@@ -109,10 +118,7 @@ def args_from_config(cfg: dict[str, Any]):
     if bad:
         raise ConfigError(f"HF_DIR: this Llama uses {', '.join(bad)}, which gamma_dense does not represent")
     args = dense_flavors["debug"]
-    heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
-    args.dim, args.n_layers, args.n_heads = cfg["hidden_size"], cfg["num_hidden_layers"], heads
-    args.n_kv_heads = None if kv == heads else kv
-    args.ffn_hidden_dim, args.vocab_size = cfg["intermediate_size"], cfg["vocab_size"]
+    set_decoder_shape(args, cfg)
     args.rope_theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     args.max_seq_len = cfg.get("max_position_embeddings", args.max_seq_len)
     args.norm_eps = float(cfg.get("rms_norm_eps", 1e-6))

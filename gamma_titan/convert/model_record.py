@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from gamma_titan.data.cache import write_json_atomic
 from gamma_titan.errors import ConfigError
 
 MODEL_FILE = "model.json"
@@ -31,11 +31,8 @@ def model_record(model_name: str, flavor: str, args, tokenizer_dir: str | Path |
 def write_model_record(folder: str | Path, record: dict[str, Any]) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / MODEL_FILE
-    tmp = folder / f".{MODEL_FILE}.tmp"
-    tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    write_json_atomic(folder / MODEL_FILE, record)
+    return folder / MODEL_FILE
 
 
 def find_model_record(checkpoint: Path) -> Path | None:

@@ -80,6 +80,17 @@ def atomic_dir(final_path: str | os.PathLike, replace: bool = False) -> Iterator
         raise
 
 
+def write_json_atomic(path: str | os.PathLike, data, default=None) -> None:
+    """Write `data` as JSON to `path` through a temporary sibling and a rename, so a reader
+    (or a crash) never sees half a file."""
+    import json
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=default) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def _publish(tmp: Path, final_path: Path, replace: bool) -> None:
     """Rename the finished `tmp` folder to `final_path` (see `atomic_dir`)."""
     if replace and final_path.is_dir():

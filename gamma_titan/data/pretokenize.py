@@ -25,6 +25,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from gamma_titan.data.cache import write_json_atomic
 from gamma_titan.data.shards import FORMAT, FORMAT_VERSION, META_FILE, TokenizerInfo, token_dtype, tokenizer_info
 from gamma_titan.errors import ConfigError
 
@@ -117,12 +118,6 @@ def _write_shard(out: Path, stem: str, docs: list[list[int]], info: TokenizerInf
 # --------------------------------------------------------------------------- main side
 
 
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def _unit_is_intact(out: Path, record: dict[str, Any], dtype: np.dtype) -> bool:
     for shard in record["splits"].values():
         path = out / shard["file"]
@@ -147,15 +142,21 @@ def _check_out(out: Path, plan: dict[str, Any]) -> None:
                           "use a new --out folder")
 
 
-def _units(source_value: str, key: str, docs_per_shard: int, done: set[int]) -> Iterator[tuple[int, list[str]]]:
-    """(unit, texts) of every unit not in `done`, read from a `datasets` source."""
+def _open_input(source_value: str, key: str, docs_per_shard: int):
+    """(dataset, number of units or None for a stream) of a `datasets` source, opened once."""
     from datasets import Dataset
 
-    from gamma_titan.data.datasets import TEXT_FIELD, load_source, parse_source
+    from gamma_titan.data.datasets import load_source, parse_source
 
     ds = load_source(parse_source(source_value, key), source_value)
-    if isinstance(ds, Dataset):  # random access: read only the units still to do
-        n_units = -(-len(ds) // docs_per_shard)
+    return ds, (-(-len(ds) // docs_per_shard) if isinstance(ds, Dataset) else None)
+
+
+def _units(ds, n_units: int | None, docs_per_shard: int, done: set[int]) -> Iterator[tuple[int, list[str]]]:
+    """(unit, texts) of every unit not in `done`."""
+    from gamma_titan.data.datasets import TEXT_FIELD
+
+    if n_units is not None:  # random access: read only the units still to do
         for unit in range(n_units):
             if unit not in done:
                 yield unit, ds[unit * docs_per_shard : (unit + 1) * docs_per_shard][TEXT_FIELD]
@@ -163,15 +164,6 @@ def _units(source_value: str, key: str, docs_per_shard: int, done: set[int]) -> 
     for unit, batch in enumerate(ds.iter(batch_size=docs_per_shard)):  # a stream: read it all
         if unit not in done:
             yield unit, batch[TEXT_FIELD]
-
-
-def count_units(source_value: str, key: str, docs_per_shard: int) -> int | None:
-    from datasets import Dataset
-
-    from gamma_titan.data.datasets import load_source, parse_source
-
-    ds = load_source(parse_source(source_value, key), source_value)
-    return -(-len(ds) // docs_per_shard) if isinstance(ds, Dataset) else None
 
 
 def pretokenize(
@@ -211,7 +203,7 @@ def pretokenize(
 
     progress_dir = out / PROGRESS_DIR
     progress_dir.mkdir(parents=True, exist_ok=True)
-    _write_json(progress_dir / PLAN_FILE, plan)
+    write_json_atomic(progress_dir / PLAN_FILE, plan)
     (out / META_FILE).unlink(missing_ok=True)  # not complete any more (a unit is redone)
 
     records = _load_records(out, dtype)
@@ -225,11 +217,12 @@ def pretokenize(
         tag = INPUT_TAGS[name]
         done = {r["unit"] for r in records.values() if r["tag"] == tag}
         key = "--" + name.replace("_", "-")
-        bar = tqdm(total=count_units(value, key, docs_per_shard), initial=len(done), unit="shard",
-                   desc=f"pretokenize {name}", disable=not progress)
-        for record in _run_units(_units(value, key, docs_per_shard, done), tag, name == "val_input",
+        ds, n_units = _open_input(value, key, docs_per_shard)
+        bar = tqdm(total=n_units, initial=len(done), unit="shard", desc=f"pretokenize {name}",
+                   disable=not progress)
+        for record in _run_units(_units(ds, n_units, docs_per_shard, done), tag, name == "val_input",
                                  tokenizer_dir, info, out, val_fraction, num_proc):
-            _write_json(progress_dir / f"{tag}{record['unit']:05d}.json", record)
+            write_json_atomic(progress_dir / f"{tag}{record['unit']:05d}.json", record)
             records[(tag, record["unit"])] = record
             encoded += 1
             tokens += sum(s["tokens"] for s in record["splits"].values())
@@ -240,7 +233,7 @@ def pretokenize(
     meta = _meta(plan, records)
     if not any(s["tokens"] for s in meta["splits"].values()):
         raise ConfigError(f"--input: {input} holds no documents")
-    _write_json(out / META_FILE, meta)
+    write_json_atomic(out / META_FILE, meta)
     return Result(meta, encoded, len(records) - encoded, tokens, time.perf_counter() - start, num_proc)
 
 

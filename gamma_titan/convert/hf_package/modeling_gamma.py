@@ -37,36 +37,52 @@ def apply_rope(x, cos, sin):
     return (x.float() * cos + torch.cat([-x2, x1], dim=-1) * sin).type_as(x)
 
 
-class GammaAttention(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        d, heads, kv = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
-        self.head_dim, self.gate = d // heads, config.attention_gate
-        self.wq = nn.Linear(d, heads * self.head_dim, bias=False)
-        self.wk = nn.Linear(d, kv * self.head_dim, bias=False)
-        self.wv = nn.Linear(d, kv * self.head_dim, bias=False)
-        self.wo = nn.Linear(heads * self.head_dim, d, bias=False)
+class GatedHeads(nn.Module):
+    """What both attention kinds share: causal (or padding-masked) SDPA, the optional
+    output gate on each head, and the output projection `wo`."""
+
+    def _init_output(self, config, value_dim: int) -> None:
+        d, heads = config.hidden_size, config.num_attention_heads
+        self.gate = config.attention_gate
+        self.wo = nn.Linear(heads * value_dim, d, bias=False)
         if self.gate != "none":
-            self.gate_width = self.head_dim if self.gate == "elementwise" else 1
+            self.gate_width = value_dim if self.gate == "elementwise" else 1
             self.gate_proj = nn.Linear(d, heads * self.gate_width, bias=False)
 
-    def forward(self, x, cos, sin, mask):
+    def _attend(self, x, q, k, v, mask):
+        """q, k, v: (bs, seq, heads, ·); x: the block's normed input, which the gate reads."""
         bs, seq, _ = x.shape
-        q = apply_rope(self.wq(x).view(bs, seq, -1, self.head_dim), cos, sin).transpose(1, 2)
-        k = apply_rope(self.wk(x).view(bs, seq, -1, self.head_dim), cos, sin).transpose(1, 2)
-        v = self.wv(x).view(bs, seq, -1, self.head_dim).transpose(1, 2)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         gqa = k.shape[1] != q.shape[1]
         if mask is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
-        out = out.transpose(1, 2)  # (bs, seq, heads, head_dim)
+        out = out.transpose(1, 2)  # (bs, seq, heads, value_dim)
         if self.gate != "none":
             out = out * torch.sigmoid(self.gate_proj(x)).view(bs, seq, -1, self.gate_width)
         return self.wo(out.reshape(bs, seq, -1))
 
 
-class GammaMLA(nn.Module):
+class GammaAttention(GatedHeads):
+    def __init__(self, config):
+        super().__init__()
+        d, heads, kv = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = d // heads
+        self.wq = nn.Linear(d, heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(d, kv * self.head_dim, bias=False)
+        self.wv = nn.Linear(d, kv * self.head_dim, bias=False)
+        self._init_output(config, self.head_dim)
+
+    def forward(self, x, cos, sin, mask):
+        bs, seq, _ = x.shape
+        q = apply_rope(self.wq(x).view(bs, seq, -1, self.head_dim), cos, sin)
+        k = apply_rope(self.wk(x).view(bs, seq, -1, self.head_dim), cos, sin)
+        v = self.wv(x).view(bs, seq, -1, self.head_dim)
+        return self._attend(x, q, k, v, mask)
+
+
+class GammaMLA(GatedHeads):
     """Multi-head latent attention: queries direct or through a low-rank latent, keys and
     values from one shared latent, plus one rotary key slice shared by all heads."""
 
@@ -74,7 +90,7 @@ class GammaMLA(nn.Module):
         super().__init__()
         d, heads, c = config.hidden_size, config.num_attention_heads, config
         self.nope, self.rope_dim, self.v_dim = c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
-        self.qk_dim, self.kv_lora_rank, self.gate = self.nope + self.rope_dim, c.kv_lora_rank, c.attention_gate
+        self.qk_dim, self.kv_lora_rank = self.nope + self.rope_dim, c.kv_lora_rank
         if c.q_lora_rank == 0:
             self.wq = nn.Linear(d, heads * self.qk_dim, bias=False)
         else:
@@ -84,10 +100,7 @@ class GammaMLA(nn.Module):
         self.wkv_a = nn.Linear(d, c.kv_lora_rank + self.rope_dim, bias=False)
         self.kv_norm = nn.RMSNorm(c.kv_lora_rank, eps=c.rms_norm_eps)
         self.wkv_b = nn.Linear(c.kv_lora_rank, heads * (self.nope + self.v_dim), bias=False)
-        self.wo = nn.Linear(heads * self.v_dim, d, bias=False)
-        if self.gate != "none":
-            self.gate_width = self.v_dim if self.gate == "elementwise" else 1
-            self.gate_proj = nn.Linear(d, heads * self.gate_width, bias=False)
+        self._init_output(config, self.v_dim)
 
     def forward(self, x, cos, sin, mask):
         bs, seq, _ = x.shape
@@ -99,15 +112,7 @@ class GammaMLA(nn.Module):
         k_nope, v = self.wkv_b(self.kv_norm(latent)).view(bs, seq, -1, self.nope + self.v_dim).split(
             [self.nope, self.v_dim], dim=-1)
         k = torch.cat([k_nope, k_rope.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        if mask is None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        out = out.transpose(1, 2)
-        if self.gate != "none":
-            out = out * torch.sigmoid(self.gate_proj(x)).view(bs, seq, -1, self.gate_width)
-        return self.wo(out.reshape(bs, seq, -1))
+        return self._attend(x, q, k, v, mask)
 
 
 class GammaFeedForward(nn.Module):
