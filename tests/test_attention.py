@@ -105,3 +105,21 @@ def test_gate_at_zero_logits_halves_the_output(x, rope):
     ungated = make("none")
     ungated.load_state_dict({k: v for k, v in attn.state_dict().items() if "gate_proj" not in k})
     torch.testing.assert_close(attn(x, rope), 0.5 * ungated(x, rope), atol=1e-6, rtol=1e-5)
+
+
+def test_rope_backward_is_the_naive_formulas_gradient():
+    """apply_rope has a hand-written backward (the transposed rotation): it must equal
+    autograd through the naive formula, in float64 and for a bf16 input."""
+    x = torch.randn(2, SEQ, HEADS, HEAD_DIM, dtype=torch.float64, requires_grad=True)
+    cache = rope_cache(HEAD_DIM, SEQ, THETA).double()
+    grad = torch.randn_like(x)
+    ours, = torch.autograd.grad(apply_rope(x, cache), x, grad)
+    naive, = torch.autograd.grad(naive_rope(x), x, grad)
+    torch.testing.assert_close(ours, naive, atol=1e-6, rtol=1e-6)  # cache built in fp32
+    assert torch.autograd.gradcheck(lambda t: apply_rope(t, cache[:6]), (x[:1, :6].detach().requires_grad_(),))
+
+    xb = x.detach().bfloat16().requires_grad_()
+    out = apply_rope(xb, rope_cache(HEAD_DIM, SEQ, THETA))
+    assert out.dtype == torch.bfloat16
+    gb, = torch.autograd.grad(out, xb, grad.bfloat16())
+    torch.testing.assert_close(gb.double(), naive, atol=0.05, rtol=0.02)

@@ -63,6 +63,21 @@ def test_debug_run_loss_falls_and_logs(debug_run):
     assert events and events[0].stat().st_size > 0
 
 
+def test_logged_tflops_use_the_models_flops_per_token(debug_run):
+    """tflops = FLOPs/token · tokens/s, with FLOPs/token the count that tests/test_flops.py
+    checks against the matmuls a training step executes (elementwise gate, GQA)."""
+    from gamma_titan.config import load_job_config
+    from gamma_titan.inspect_model import resolve_model
+
+    config = load_job_config(["--job.config_file", str(DEBUG_TOML)])
+    _, args = resolve_model(config)
+    flops = args.flops_per_token(config.training.seq_len)
+    train = [r for r in read_metrics(debug_run) if "tps" in r]
+    assert train
+    for r in train:
+        assert r["tflops"] == pytest.approx(flops * r["tps"] / 1e12, rel=1e-6)
+
+
 def test_diagnostics_are_logged_at_the_configured_steps_with_their_tags(debug_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -1,0 +1,62 @@
+"""tools/bench/gpu.py, the GPU benchmark, in its --dry-run mode on the CPU: every variant
+trains through the real trainer (gamma_dense with the gate, with float8 linears, without
+the gate, and TorchTitan's llama3 at the same shape), and the report's numbers are the
+trainer's own."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO
+
+pytestmark = pytest.mark.multiprocess
+
+GPU_BENCH = REPO / "tools" / "bench" / "gpu.py"
+VARIANTS = ["gamma_bf16", "gamma_float8", "llama3_bf16", "gamma_none_bf16"]
+
+
+def test_dry_run_reports_every_variant_and_never_overwrites(tmp_path, builtin_assets):
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, str(GPU_BENCH), "--dry-run", "--variants", *VARIANTS, "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["dry_run"] and set(report["variants"]) == set(VARIANTS)
+
+    from gamma_titan.config import load_job_config
+    from gamma_titan.inspect_model import resolve_model
+
+    for name, r in report["variants"].items():
+        assert r["timed_steps"] == report["steps"] - report["warmup"]
+        assert r["tokens_per_s"] > 0 and r["peak_active_gib"] > 0 and r["final_loss"] < 9
+        if name.startswith("gamma"):  # TFLOP/s = the model's FLOPs per token x tokens/s
+            gate = "none" if "none" in name else "elementwise"
+            _, args = resolve_model(load_job_config(
+                ["--job.config_file", str(REPO / "configs/dense/debug.toml"), "--gamma.attention_gate", gate]))
+            flops = args.flops_per_token(report["seq_len"])
+            assert r["tflops"] == pytest.approx(flops * r["tokens_per_s"] / 1e12, rel=0.02)  # medians
+    ratios = report["ratios"]
+    assert ratios["gamma (no gate) / llama3 tokens/s"] == pytest.approx(
+        report["variants"]["gamma_none_bf16"]["tokens_per_s"] / report["variants"]["llama3_bf16"]["tokens_per_s"])
+    assert len(ratios) == 4
+    assert proc.stdout.strip().splitlines()[-1].startswith("ratio ")
+    logs = tmp_path / "bench_logs"
+    assert "Swapped to Float8Linear" in (logs / "gamma_float8.log").read_text()
+    assert "Swapped to Float8Linear" not in (logs / "gamma_bf16.log").read_text()
+    assert "llama3" in (logs / "llama3_bf16.log").read_text()
+
+    before = out.read_text()
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert again.returncode == 2 and "exists" in again.stderr and out.read_text() == before
+    out.unlink()  # the logs folder alone also stops a rerun
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert again.returncode == 2 and "bench_logs exists" in again.stderr and not out.exists()
+
+
+def test_gpu_run_without_cuda_fails_in_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, str(GPU_BENCH), "--out", str(tmp_path / "x.json")],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode != 0 and "no CUDA device" in proc.stderr
+    assert not (tmp_path / "x.json").exists()

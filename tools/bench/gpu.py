@@ -1,0 +1,224 @@
+"""The GPU benchmark: gamma_dense 1.5B as the paper trains it, against TorchTitan's llama3.
+
+    bash tools/bench/gpu.sh [--batch 4] [--steps 30] [--warmup 10] [--out bench_gpu.json]
+    python tools/bench/gpu.py --dry-run          # the same pipeline, tiny, on the CPU (tests)
+
+One H100/H200, no network, nothing installed. Each variant is one training run through
+the real trainer (TorchTitan's Trainer with our TrainSpecs; FSDP degree 1, bf16 autocast,
+torch.compile, selective activation checkpointing, seq 4096, data from the built-in
+shards), in its own process:
+
+  (a) gamma_bf16      gamma_dense 1.5B, γ = 1, ε = 1e-12, elementwise gate
+  (b) gamma_float8    (a) with float8 linears (torchao, tensorwise scaling; output head in bf16)
+  (c) llama3_bf16     TorchTitan's llama3 model at the identical shape (no gate)
+  (d) gamma_none_bf16 (a) without the gate: the like-for-like partner of (c) (--variants to add)
+
+From each run's metrics.jsonl, over the steps after `--warmup` (compilation, allocator
+warm-up): median tokens/s, TFLOP/s and MFU as the trainer logs them (FLOPs per token
+counted as tests/test_flops.py checks; MFU against the bf16 peak, TorchTitan's
+convention, also for float8), and the peak of allocated memory. Printed as a table, the
+ratios last, and written to `--out` as JSON (each variant's trainer log in `<out>_logs/`;
+neither is ever overwritten). `--dry-run` runs every variant on the debug
+shape for a few steps, without compile, float8 emulated: what the CPU tests exercise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+REFERENCE_MODEL = "llama3_bench"  # TorchTitan's llama3 TrainSpec, registered with our shape
+
+VARIANTS = {
+    "gamma_bf16": ("gamma_dense", ["--gamma.attention_gate", "elementwise"]),
+    "gamma_float8": ("gamma_dense", ["--gamma.attention_gate", "elementwise",
+                                     "--model.converters", "quantize.linear.float8",
+                                     "--quantize.linear.float8.recipe_name", "tensorwise",
+                                     "--quantize.linear.float8.filter_fqns", "output"]),
+    "llama3_bf16": (REFERENCE_MODEL, []),
+    "gamma_none_bf16": ("gamma_dense", ["--gamma.attention_gate", "none"]),
+}
+DEFAULT_VARIANTS = ["gamma_bf16", "gamma_float8", "llama3_bf16"]
+RATIOS = [  # (name, numerator, denominator)
+    ("float8 / bf16 tokens/s (gamma, gate on)", "gamma_float8", "gamma_bf16"),
+    ("gamma (gate on) / llama3 tokens/s", "gamma_bf16", "llama3_bf16"),
+    ("gamma (no gate) / llama3 tokens/s", "gamma_none_bf16", "llama3_bf16"),
+    ("gamma (no gate) / llama3 peak memory", "gamma_none_bf16", "llama3_bf16"),
+]
+
+
+def run_overrides(ns, dump: Path) -> list[str]:
+    """Trainer flags shared by every variant."""
+    common = [
+        "--job.dump_folder", str(dump), "--training.steps", str(ns.steps),
+        "--training.local_batch_size", str(ns.batch), "--training.seq_len", str(ns.seq_len),
+        "--metrics.log_freq", "1", "--metrics.enable_tensorboard", "false",
+        "--checkpoint.enable", "false", "--validation.enable", "false",
+        "--gamma.diagnostics.enable", "false", "--gamma.init_rate", "1.0", "--gamma.norm_eps", "1e-12",
+        "--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "op",
+    ]
+    if ns.dry_run:
+        return ["--job.config_file", str(REPO / "configs/dense/debug.toml"), *common,
+                "--compile.enable", "false", "--training.mixed_precision_param", "float32",
+                "--quantize.linear.float8.emulate", "true"]
+    return ["--job.config_file", str(REPO / "configs/dense/1.5B.toml"), *common,
+            "--compile.enable", "true", "--compile.components", "model,loss",
+            "--training.mixed_precision_param", "bfloat16"]
+
+
+# --- one variant, in its own process -------------------------------------------------------
+
+def register_reference(gamma_argv: list[str]) -> str:
+    """TorchTitan's llama3 TrainSpec with one flavor: the shape of gamma_dense under these
+    flags, and our data, tokenizer and metrics, so that only the model differs."""
+    import dataclasses
+
+    from torchtitan.protocols.train_spec import get_train_spec, register_train_spec
+
+    from gamma_titan.config import load_job_config
+    from gamma_titan.inspect_model import resolve_model
+    from gamma_titan.train_specs import TRAIN_SPECS
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from reference import llama3_args
+
+    _, args = resolve_model(load_job_config(gamma_argv))
+    ours = TRAIN_SPECS["gamma_dense"]
+    spec = dataclasses.replace(
+        get_train_spec("llama3"), model_args={"same_shape": llama3_args(args)},
+        build_dataloader_fn=ours.build_dataloader_fn, build_tokenizer_fn=ours.build_tokenizer_fn,
+        build_metrics_processor_fn=ours.build_metrics_processor_fn, build_validator_fn=ours.build_validator_fn,
+    )
+    register_train_spec(REFERENCE_MODEL, spec)
+    return "same_shape"
+
+
+def run_variant(argv: list[str]) -> None:
+    """`gpu.py --run-variant MODEL FLAGS...`: train one variant (called by `main`)."""
+    import gamma_titan  # noqa: F401  (platform shims, TrainSpecs)
+    from torchtitan.tools.logging import init_logger
+
+    from gamma_titan.config import load_job_config
+    from gamma_titan.train import preflight, run, single_process_env
+
+    model, flags = argv[0], argv[1:]
+    if model == REFERENCE_MODEL:
+        flavor = register_reference(flags)
+        config = load_job_config([*flags, "--model.name", REFERENCE_MODEL, "--model.flavor", flavor])
+    else:
+        config = load_job_config(flags)
+        preflight(config, world_size=1)
+    single_process_env()
+    init_logger()
+    run(config)
+
+
+# --- the driver ------------------------------------------------------------------------------
+
+def summarize(dump: Path, warmup: int) -> dict:
+    records = [json.loads(line) for line in (dump / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "tps" in r and r["step"] > warmup]
+    if not steps:
+        raise RuntimeError(f"no step after warm-up {warmup} in {dump / 'metrics.jsonl'}")
+    med = lambda key: statistics.median(r[key] for r in steps)  # noqa: E731
+    return {
+        "tokens_per_s": med("tps"), "tflops": med("tflops"), "mfu_percent": med("mfu"),
+        "peak_active_gib": max(r.get("memory/max_active(GiB)", 0.0) for r in records),
+        "peak_reserved_gib": max(r.get("memory_gib", 0.0) for r in records),
+        "final_loss": steps[-1].get("loss"), "timed_steps": len(steps),
+    }
+
+
+def check_device(dry_run: bool) -> str:
+    import torch
+
+    if dry_run:
+        return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (dry run)"
+    if not torch.cuda.is_available():
+        sys.exit("error: no CUDA device (use --dry-run to exercise the pipeline on the CPU)")
+    return torch.cuda.get_device_name()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--run-variant"]:
+        run_variant(argv[1:])
+        return {}
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=DEFAULT_VARIANTS)
+    parser.add_argument("--batch", type=int, default=4, help="sequences per step")
+    parser.add_argument("--seq-len", type=int, default=4096)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=10, help="steps left out of the medians")
+    parser.add_argument("--variant-timeout", type=int, default=170, help="seconds per variant")
+    parser.add_argument("--out", default="bench_gpu.json")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="debug shape, 4 steps, no compile, float8 emulated: runs on the CPU")
+    ns = parser.parse_args(argv)
+    if ns.dry_run:
+        ns.batch, ns.seq_len, ns.steps, ns.warmup = 2, 128, 4, 1
+    if ns.warmup >= ns.steps:
+        parser.error(f"--warmup {ns.warmup} must be below --steps {ns.steps}")
+    out = Path(ns.out)
+    logs = out.with_name(out.stem + "_logs")  # each variant's trainer log
+    for path in (out, logs):
+        if path.exists():
+            parser.error(f"--out {out}: {path} exists; choose another name (results are never overwritten)")
+    device = check_device(ns.dry_run)
+
+    results: dict[str, dict] = {}
+    logs.mkdir(parents=True)
+    with tempfile.TemporaryDirectory(prefix="gamma-bench-") as tmp:
+        for name in ns.variants:
+            model, flags = VARIANTS[name]
+            dump = Path(tmp) / name
+            cmd = [sys.executable, __file__, "--run-variant", model, *run_overrides(ns, dump), *flags]
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+            start = time.perf_counter()
+            try:
+                with open(logs / f"{name}.log", "w") as log:
+                    proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
+                                          timeout=ns.variant_timeout)
+            except subprocess.TimeoutExpired:
+                results[name] = {"error": f"timed out after {ns.variant_timeout} s"}
+                print(f"{name}: timed out after {ns.variant_timeout} s", flush=True)
+                continue
+            if proc.returncode != 0:
+                tail = (logs / f"{name}.log").read_text().strip().splitlines()[-15:]
+                results[name] = {"error": f"exit {proc.returncode}", "log_tail": tail}
+                print(f"{name}: failed (exit {proc.returncode})\n  " + "\n  ".join(tail), flush=True)
+                continue
+            results[name] = summarize(dump, ns.warmup) | {"wall_s": round(time.perf_counter() - start, 1)}
+            r = results[name]
+            print(f"{name:<16} {r['tokens_per_s']:>10,.0f} tokens/s  {r['tflops']:>8.4g} TFLOP/s  "
+                  f"MFU {r['mfu_percent']:6.3g}%  peak {r['peak_active_gib']:6.1f} GiB  ({r['wall_s']:.0f} s)",
+                  flush=True)
+
+    ratios = {}
+    for label, a, b in RATIOS:
+        ra, rb = results.get(a, {}), results.get(b, {})
+        key = "peak_active_gib" if "memory" in label else "tokens_per_s"
+        if ra.get(key) and rb.get(key):
+            ratios[label] = ra[key] / rb[key]
+    report = {"device": device, "dry_run": ns.dry_run, "batch": ns.batch, "seq_len": ns.seq_len,
+              "steps": ns.steps, "warmup": ns.warmup, "variants": results, "ratios": ratios}
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\n{device}, batch {ns.batch} x seq {ns.seq_len}, medians over steps {ns.warmup + 1}..{ns.steps}; "
+          f"JSON: {out}, trainer logs: {logs}/")
+    for label, value in ratios.items():
+        print(f"ratio {label}: {value:.3f}")
+    if any("error" in r for r in results.values()):
+        sys.exit(1)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""TorchTitan's own models at exactly the shape of a gamma_titan model: the yardsticks of
+the performance targets.
+
+  gamma_dense (gate "none")          -> TorchTitan llama3  (same width, depth, heads, KV
+                                        heads, SwiGLU width, vocabulary, RoPE θ)
+  gamma_moe (MHA, gate "none",       -> TorchTitan qwen3 with MoE in every layer, QK-norm
+  n_dense_layers = 0)                   off, head_dim = dim / n_heads, the same routed and
+                                        shared experts, top-k, score function and balancing
+
+Parameter counts are checked to be equal, so a speed or memory ratio compares the same
+arithmetic done by two implementations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import torch
+
+import gamma_titan  # noqa: F401  (CPU shims before TorchTitan)
+
+
+def llama3_args(dense):
+    """TorchTitan's TransformerModelArgs for a gamma_dense shape. llama3 derives its SwiGLU
+    width from dim: multiple_of · ceil(int(8·dim/3) / multiple_of); pick the multiple_of
+    that gives ours."""
+    from torchtitan.models.llama3 import TransformerModelArgs
+
+    base = int(2 * 4 * dense.dim / 3)
+    multiple = next((m for m in range(dense.ffn_hidden_dim, 0, -1)
+                     if dense.ffn_hidden_dim % m == 0 and m * -(-base // m) == dense.ffn_hidden_dim), None)
+    if multiple is None:
+        raise ValueError(f"llama3 cannot express SwiGLU width {dense.ffn_hidden_dim} at dim {dense.dim}")
+    return TransformerModelArgs(
+        dim=dense.dim, n_layers=dense.n_layers, n_heads=dense.n_heads, n_kv_heads=dense.n_kv_heads,
+        vocab_size=dense.vocab_size, multiple_of=multiple, norm_eps=dense.norm_eps,
+        rope_theta=dense.rope_theta, max_seq_len=dense.max_seq_len,
+    )
+
+
+def qwen3_moe_args(moe):
+    """TorchTitan's Qwen3ModelArgs (MoE in every layer) for a gamma_moe MHA shape."""
+    from torchtitan.models.qwen3.model.args import Qwen3ModelArgs
+
+    if moe.attention != "mha" or moe.n_dense_layers != 0:
+        raise ValueError("qwen3 has MHA attention and MoE in every layer: use attention = 'mha', "
+                         "n_dense_layers = 0")
+    return Qwen3ModelArgs(
+        dim=moe.dim, n_layers=moe.n_layers, n_heads=moe.n_heads, n_kv_heads=moe.kv_heads,
+        vocab_size=moe.vocab_size, head_dim=moe.head_dim, norm_eps=moe.norm_eps,
+        rope_theta=moe.rope_theta, qk_norm=False, max_seq_len=moe.max_seq_len,
+        moe_enabled=True, moe_inter_dim=moe.moe_hidden_dim, moe_args=moe.moe_args(),
+    )
+
+
+def build(model_cls, args, device: torch.device) -> torch.nn.Module:
+    with torch.device("meta"):
+        model = model_cls(args)
+    model.to_empty(device=device)
+    with torch.no_grad():
+        model.init_weights(buffer_device=device)
+    return model
+
+
+def llama3_model(dense, device):
+    from torchtitan.models.llama3 import Transformer
+
+    return build(Transformer, llama3_args(dense), device)
+
+
+def qwen3_moe_model(moe, device):
+    from torchtitan.models.qwen3.model.model import Qwen3Model
+
+    return build(Qwen3Model, qwen3_moe_args(moe), device)
+
+
+@contextlib.contextmanager
+def cpu_histc():
+    """TorchTitan's MoE counts tokens per expert with torch.histc on int64, which the CPU
+    does not implement; on the CPU, count in float for the reference model (exact for
+    these counts). No-op on CUDA."""
+    if torch.cuda.is_available():
+        yield
+        return
+    original = torch.histc
+
+    def histc(x, *args, **kwargs):
+        if x.is_floating_point():
+            return original(x, *args, **kwargs)
+        return original(x.float(), *args, **kwargs).to(x.dtype)  # as CUDA: counts in the input dtype
+
+    torch.histc = histc
+    try:
+        yield
+    finally:
+        torch.histc = original
+
+
+def same_parameter_count(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    na, nb = (sum(p.numel() for p in m.parameters()) for m in (a, b))
+    if na != nb:
+        raise AssertionError(f"shapes differ: {na:,} vs {nb:,} parameters")
+
+
+def without_gate(args):
+    return dataclasses.replace(args, attention_gate="none")

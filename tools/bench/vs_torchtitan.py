@@ -1,0 +1,101 @@
+"""Training speed and peak memory of gamma_titan's models against TorchTitan's own at the
+identical shape, side by side in one process.
+
+    .venv/bin/python tools/bench/vs_torchtitan.py [--pairs dense moe] [--dense-flavor debug]
+        [--moe-flavor debug] [--seq-len 256] [--batch 8] [--reps 21] [--steps 1] [--quick]
+
+  dense: gamma_dense with attention_gate = "none" vs TorchTitan llama3
+         (targets: tokens/s ratio >= 0.97, peak memory ratio <= 1.03)
+  moe:   gamma_moe, MHA, gate "none", MoE in every layer vs TorchTitan qwen3 MoE
+         (target: tokens/s ratio >= 0.95)
+
+Both models of a pair get the same tokens, the same AdamW and the same training step
+(tools/bench/common.py: forward, TorchTitan's loss, backward, clipping, step); their
+parameter counts are checked to be equal. γ, ε and the init do not change the arithmetic,
+so each model keeps its own. Rounds alternate between the two; the ratio lines come last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import reference  # noqa: E402  (imports gamma_titan first: CPU shims)
+from common import (Variant, describe, device, header, interleave, paired_ratio, peak_step_memory,  # noqa: E402
+                    random_tokens)  # noqa: E402
+
+from gamma_titan.models.dense import GammaDense, dense_flavors  # noqa: E402
+from gamma_titan.models.moe import GammaMoE, moe_flavors  # noqa: E402
+
+
+def dense_pair(flavor: str, seq_len: int, batch: int) -> list[Variant]:
+    args = dataclasses.replace(dense_flavors[flavor], attention_gate="none", max_seq_len=seq_len)
+    args.check()
+    ours = reference.build(GammaDense, args, device())
+    theirs = reference.llama3_model(args, device())
+    reference.same_parameter_count(ours, theirs)
+    tokens = random_tokens(args.vocab_size, batch, seq_len)
+    return [Variant(f"gamma_dense {flavor}, gate none", ours, tokens),
+            Variant("TorchTitan llama3, same shape", theirs, tokens)]
+
+
+def moe_pair(flavor: str, seq_len: int, batch: int) -> list[Variant]:
+    args = dataclasses.replace(moe_flavors[flavor], attention="mha", attention_gate="none", n_dense_layers=0,
+                               max_seq_len=seq_len)
+    args.check()
+    ours = reference.build(GammaMoE, args, device())
+    theirs = reference.qwen3_moe_model(args, device())
+    reference.same_parameter_count(ours, theirs)
+    tokens = random_tokens(args.vocab_size, batch, seq_len)
+    return [Variant(f"gamma_moe {flavor}, MHA, gate none", ours, tokens),
+            Variant("TorchTitan qwen3 MoE, same shape", theirs, tokens)]
+
+
+TARGETS = {"dense": ("llama3", 0.97, 1.03), "moe": ("qwen3 MoE", 0.95, None)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", nargs="+", choices=list(TARGETS), default=list(TARGETS))
+    parser.add_argument("--dense-flavor", default="debug", choices=list(dense_flavors))
+    parser.add_argument("--moe-flavor", default="debug", choices=[f for f in moe_flavors if "mla" not in f])
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--reps", type=int, default=21, help="rounds per variant")
+    parser.add_argument("--steps", type=int, default=1, help="timed training steps per round")
+    parser.add_argument("--quick", action="store_true", help="small batch, 1 round of 1 step (CI)")
+    ns = parser.parse_args(argv)
+    if ns.quick:
+        ns.batch, ns.seq_len, ns.reps, ns.steps = 2, 64, 1, 1
+
+    results = {}
+    for pair in ns.pairs:
+        torch.manual_seed(0)
+        variants = (dense_pair(ns.dense_flavor, ns.seq_len, ns.batch) if pair == "dense"
+                    else moe_pair(ns.moe_flavor, ns.seq_len, ns.batch))
+        with reference.cpu_histc():
+            interleave(variants, ns.reps, ns.steps)
+            for v in variants:
+                peak_step_memory(v)
+        print(header(f"\n[{pair}]", ns.batch, ns.seq_len, ns.reps, ns.steps))
+        for v in variants:
+            print(describe(v))
+        ours, theirs = variants
+        results[pair] = (paired_ratio(ours, theirs), ours.peak_bytes / theirs.peak_bytes)
+        del variants, ours, theirs
+
+    print()
+    for pair, (speed, memory) in results.items():
+        name, speed_target, memory_target = TARGETS[pair]
+        memory_note = f" (target <= {memory_target})" if memory_target else ""
+        print(f"ratio {pair} gamma/{name}: tokens/s {speed:.3f} (target >= {speed_target}), "
+              f"peak memory {memory:.3f}{memory_note}")
+
+
+if __name__ == "__main__":
+    main()
