@@ -76,6 +76,29 @@ class Data:
 
 
 @dataclass
+class Reliability:
+    """What a long run does about bad steps and preemption (see gamma_titan/reliability.py)."""
+
+    on_nonfinite: Literal["skip", "stop"] = "skip"
+    """A NaN/Inf loss or gradient norm: skip the step (no update, logged) or stop the run, naming the step."""
+    max_skipped_steps: int = 10
+    """Skipped steps one run may accumulate before it stops anyway."""
+    loss_spike_factor: float = 1.5
+    """Log a step (with its data position) whose loss exceeds this many times the running mean; 0 = off."""
+    loss_spike_window: int = 50
+    """Steps in that running mean (no spike is logged before the window is full)."""
+    stop_grace_seconds: float = 300.0
+    """After SIGTERM: checkpoint the current step and exit 0; exit 143 if that takes longer than this."""
+    inject_nan_at_steps: list[int] = field(default_factory=list)
+    """Fault injection (tests, drills): make the loss NaN at these steps."""
+    inject_kill_at_step: int = 0
+    """Fault injection: the last rank SIGKILLs itself as this step starts (0 = never)."""
+    inject_kill_in_save_at_step: int = 0
+    """Fault injection: rank 0 SIGKILLs itself while writing this step's checkpoint, after the
+    data and before the DCP .metadata that completes it (0 = never)."""
+
+
+@dataclass
 class Gamma:
     init_rate: float = 1.0
     """γ: every weight matrix W ~ N(0, d_in^(-2γ)). 0.5 = standard scale, 1 = the paper's balance point."""
@@ -88,6 +111,7 @@ class Gamma:
     init_rate_overrides: InitRateOverrides = field(default_factory=InitRateOverrides)
     diagnostics: Diagnostics = field(default_factory=Diagnostics)
     data: Data = field(default_factory=Data)
+    reliability: Reliability = field(default_factory=Reliability)
 
 
 @dataclass
@@ -157,6 +181,28 @@ def check_gamma(gamma: Gamma) -> None:
             _check_init_rate(f"gamma.init_rate_overrides.{group}", value)
     _check_diagnostics(gamma.diagnostics)
     _check_data(gamma.data)
+    _check_reliability(gamma.reliability)
+
+
+def _check_reliability(r: Reliability) -> None:
+    if r.on_nonfinite not in ("skip", "stop"):
+        raise ConfigError(f"gamma.reliability.on_nonfinite = {r.on_nonfinite!r}: allowed skip, stop")
+    for key, low in (("max_skipped_steps", 0), ("loss_spike_window", 2)):
+        value = getattr(r, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ConfigError(f"gamma.reliability.{key} = {value!r}: must be an integer >= {low}")
+    if not _is_number(r.loss_spike_factor) or (r.loss_spike_factor != 0 and r.loss_spike_factor <= 1):
+        raise ConfigError(f"gamma.reliability.loss_spike_factor = {r.loss_spike_factor!r}: must be > 1 (0 = off)")
+    if not _is_number(r.stop_grace_seconds) or r.stop_grace_seconds <= 0:
+        raise ConfigError(f"gamma.reliability.stop_grace_seconds = {r.stop_grace_seconds!r}: must be a number > 0")
+    for key in ("inject_kill_at_step", "inject_kill_in_save_at_step"):
+        value = getattr(r, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ConfigError(f"gamma.reliability.{key} = {value!r}: must be a step >= 1 (0 = never)")
+    steps = r.inject_nan_at_steps
+    if not isinstance(steps, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1
+                                              for s in steps):
+        raise ConfigError(f"gamma.reliability.inject_nan_at_steps = {steps!r}: must be a list of steps >= 1")
 
 
 def _check_data(d: Data) -> None:
@@ -339,7 +385,9 @@ def load_job_config(argv: list[str]):
         overrides = InitRateOverrides(**raw.pop("init_rate_overrides", {}))
         diagnostics = Diagnostics(**raw.pop("diagnostics", {}))
         data = Data(**raw.pop("data", {}))
-        check_gamma(Gamma(**raw, init_rate_overrides=overrides, diagnostics=diagnostics, data=data))
+        reliability = Reliability(**raw.pop("reliability", {}))
+        check_gamma(Gamma(**raw, init_rate_overrides=overrides, diagnostics=diagnostics, data=data,
+                          reliability=reliability))
     config = _parse_quietly(_normalise_cli(merged, argv))
     check_gamma(config.gamma)
     return config

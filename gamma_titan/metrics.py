@@ -110,6 +110,15 @@ class GammaMetricsProcessor(MetricsProcessor):
                 f"{len(metrics)} tags in {metrics.get('gamma/diagnostics_seconds', 0):.2f}s"
             )
 
+    def add_event(self, step: int, events: dict[str, Any]) -> None:
+        """Step events (a skipped update, a loss spike) into that step's metrics.jsonl line;
+        called during the step, before its metrics are logged."""
+        if self._pending is not None and self._pending[0] != step:
+            self._flush()
+        if self._pending is None:
+            self._pending = (step, {})
+        self._pending[1].update(events)
+
     # --- one line per step --------------------------------------------------------------
 
     def _stages_due(self, step: int) -> list[str]:

@@ -231,7 +231,14 @@ def main(argv: list[str] | None = None) -> None:
     init_logger()
     if int(os.environ.get("RANK", "0")) == 0:
         logger.info("gamma-titan model at init:\n" + startup_summary(spec, args, config))
-    run(config)
+    from gamma_titan.reliability import NonFiniteError
+
+    try:
+        run(config)
+    except NonFiniteError as e:  # [gamma.reliability]: the run stops, naming the step
+        logger.error(str(e))
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(3)
 
 
 if __name__ == "__main__":

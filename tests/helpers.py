@@ -33,16 +33,25 @@ def xdist_workers() -> int:
     return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 
 
-def run_trainer(dump: Path, *overrides: str, nproc: int = 1, config: Path = DEBUG_TOML,
-                timeout: int = 600) -> subprocess.CompletedProcess:
-    """`torchrun -m gamma_titan.train` (or plain python for one process), as a user would."""
+def trainer_command(dump: Path, *overrides: str, nproc: int = 1,
+                    config: Path = DEBUG_TOML) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of `torchrun -m gamma_titan.train` (plain python
+    for one process), as a user would launch it."""
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // (nproc * xdist_workers())))}
     argv = ["-m", "gamma_titan.train", "--job.config_file", str(config),
             "--job.dump_folder", str(dump), *overrides]
     if nproc > 1:
         argv = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *argv]
-    proc = subprocess.run([sys.executable, *argv], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return [sys.executable, *argv], env
+
+
+def run_trainer(dump: Path, *overrides: str, nproc: int = 1, config: Path = DEBUG_TOML,
+                timeout: int = 600, check: bool = True) -> subprocess.CompletedProcess:
+    """Run the trainer to the end; with `check`, fail the test unless it exits 0."""
+    command, env = trainer_command(dump, *overrides, nproc=nproc, config=config)
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    if not check:
+        return proc
     if proc.returncode != 0:
         raise AssertionError(f"trainer failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc

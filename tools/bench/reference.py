@@ -14,7 +14,6 @@ arithmetic done by two implementations.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 
 import torch
 
@@ -97,11 +96,19 @@ def cpu_histc():
         torch.histc = original
 
 
+def parallelize_one_process(model: torch.nn.Module, spec_name: str, job_config) -> torch.nn.Module:
+    """A TrainSpec's own `parallelize_fn` on a world of one: what its trainer applies
+    (activation checkpointing, torch.compile) when there is nothing to shard."""
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    one = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1)
+    return get_train_spec(spec_name).parallelize_fn(model, one, job_config)
+
+
 def same_parameter_count(a: torch.nn.Module, b: torch.nn.Module) -> None:
     na, nb = (sum(p.numel() for p in m.parameters()) for m in (a, b))
     if na != nb:
         raise AssertionError(f"shapes differ: {na:,} vs {nb:,} parameters")
 
 
-def without_gate(args):
-    return dataclasses.replace(args, attention_gate="none")

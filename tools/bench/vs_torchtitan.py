@@ -2,7 +2,7 @@
 identical shape, side by side in one process.
 
     .venv/bin/python tools/bench/vs_torchtitan.py [--pairs dense moe] [--dense-flavor debug]
-        [--moe-flavor debug] [--seq-len 256] [--batch 8] [--reps 21] [--steps 1] [--quick]
+        [--moe-flavor debug] [--seq-len 256] [--batch 8] [--reps 21] [--steps 1] [--compile] [--quick]
 
   dense: gamma_dense with attention_gate = "none" vs TorchTitan llama3
          (targets: tokens/s ratio >= 0.97, peak memory ratio <= 1.03)
@@ -12,7 +12,9 @@ identical shape, side by side in one process.
 Both models of a pair get the same tokens, the same AdamW and the same training step
 (tools/bench/common.py: forward, TorchTitan's loss, backward, clipping, step); their
 parameter counts are checked to be equal. γ, ε and the init do not change the arithmetic,
-so each model keeps its own. Rounds alternate between the two; the ratio lines come last.
+so each model keeps its own. With --compile, each model goes through its own TrainSpec's
+parallelize function with [compile] on (per-block torch.compile, as its trainer does) and
+both losses are compiled. Rounds alternate between the two; the ratio lines come last.
 """
 
 from __future__ import annotations
@@ -32,28 +34,52 @@ from common import (Variant, describe, device, header, interleave, paired_ratio,
 from gamma_titan.models.dense import GammaDense, dense_flavors  # noqa: E402
 from gamma_titan.models.moe import GammaMoE, moe_flavors  # noqa: E402
 
+REPO = Path(__file__).resolve().parents[2]
 
-def dense_pair(flavor: str, seq_len: int, batch: int) -> list[Variant]:
+
+def settings(compile_: bool):
+    """The [compile] / [activation_checkpoint] settings both models of a pair get."""
+    from gamma_titan.config import load_job_config
+
+    return load_job_config(["--job.config_file", str(REPO / "configs/dense/debug.toml"),
+                            "--compile.enable", str(compile_).lower(), "--compile.components", "model,loss",
+                            "--activation_checkpoint.mode", "none"])
+
+
+def pair(ours, theirs, names: tuple[str, str], spec_names: tuple[str, str], vocab: int, seq_len: int,
+         batch: int, compile_: bool) -> list[Variant]:
+    from torchtitan.components.loss import build_cross_entropy_loss
+
+    reference.same_parameter_count(ours, theirs)
+    config = settings(compile_)
+    tokens = random_tokens(vocab, batch, seq_len)
+    variants = []
+    for model, name, spec in zip((ours, theirs), names, spec_names):
+        if compile_:
+            model = reference.parallelize_one_process(model, spec, config)
+            name += ", compiled"
+        loss = build_cross_entropy_loss(config)
+        variants.append(Variant(name, model, tokens, loss=lambda logits, labels, f=loss: f(logits, labels) / labels.numel()))
+    return variants
+
+
+def dense_pair(flavor: str, seq_len: int, batch: int, compile_: bool = False) -> list[Variant]:
     args = dataclasses.replace(dense_flavors[flavor], attention_gate="none", max_seq_len=seq_len)
     args.check()
     ours = reference.build(GammaDense, args, device())
     theirs = reference.llama3_model(args, device())
-    reference.same_parameter_count(ours, theirs)
-    tokens = random_tokens(args.vocab_size, batch, seq_len)
-    return [Variant(f"gamma_dense {flavor}, gate none", ours, tokens),
-            Variant("TorchTitan llama3, same shape", theirs, tokens)]
+    return pair(ours, theirs, (f"gamma_dense {flavor}, gate none", "TorchTitan llama3, same shape"),
+                ("gamma_dense", "llama3"), args.vocab_size, seq_len, batch, compile_)
 
 
-def moe_pair(flavor: str, seq_len: int, batch: int) -> list[Variant]:
+def moe_pair(flavor: str, seq_len: int, batch: int, compile_: bool = False) -> list[Variant]:
     args = dataclasses.replace(moe_flavors[flavor], attention="mha", attention_gate="none", n_dense_layers=0,
                                max_seq_len=seq_len)
     args.check()
     ours = reference.build(GammaMoE, args, device())
     theirs = reference.qwen3_moe_model(args, device())
-    reference.same_parameter_count(ours, theirs)
-    tokens = random_tokens(args.vocab_size, batch, seq_len)
-    return [Variant(f"gamma_moe {flavor}, MHA, gate none", ours, tokens),
-            Variant("TorchTitan qwen3 MoE, same shape", theirs, tokens)]
+    return pair(ours, theirs, (f"gamma_moe {flavor}, MHA, gate none", "TorchTitan qwen3 MoE, same shape"),
+                ("gamma_moe", "qwen3"), args.vocab_size, seq_len, batch, compile_)
 
 
 TARGETS = {"dense": ("llama3", 0.97, 1.03), "moe": ("qwen3 MoE", 0.95, None)}
@@ -68,32 +94,34 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--reps", type=int, default=21, help="rounds per variant")
     parser.add_argument("--steps", type=int, default=1, help="timed training steps per round")
+    parser.add_argument("--compile", action="store_true", help="both models compiled, as their trainers do")
     parser.add_argument("--quick", action="store_true", help="small batch, 1 round of 1 step (CI)")
     ns = parser.parse_args(argv)
     if ns.quick:
         ns.batch, ns.seq_len, ns.reps, ns.steps = 2, 64, 1, 1
 
     results = {}
-    for pair in ns.pairs:
+    for kind in ns.pairs:
         torch.manual_seed(0)
-        variants = (dense_pair(ns.dense_flavor, ns.seq_len, ns.batch) if pair == "dense"
-                    else moe_pair(ns.moe_flavor, ns.seq_len, ns.batch))
+        variants = (dense_pair(ns.dense_flavor, ns.seq_len, ns.batch, ns.compile) if kind == "dense"
+                    else moe_pair(ns.moe_flavor, ns.seq_len, ns.batch, ns.compile))
         with reference.cpu_histc():
-            interleave(variants, ns.reps, ns.steps)
+            interleave(variants, ns.reps, ns.steps, warmup=2 if ns.compile else 1)
             for v in variants:
                 peak_step_memory(v)
-        print(header(f"\n[{pair}]", ns.batch, ns.seq_len, ns.reps, ns.steps))
+        print(header(f"\n[{kind}]", ns.batch, ns.seq_len, ns.reps, ns.steps))
         for v in variants:
             print(describe(v))
         ours, theirs = variants
-        results[pair] = (paired_ratio(ours, theirs), ours.peak_bytes / theirs.peak_bytes)
+        results[kind] = (paired_ratio(ours, theirs), ours.peak_bytes / theirs.peak_bytes)
         del variants, ours, theirs
 
     print()
-    for pair, (speed, memory) in results.items():
-        name, speed_target, memory_target = TARGETS[pair]
+    compiled = ", compiled" if ns.compile else ""
+    for kind, (speed, memory) in results.items():
+        name, speed_target, memory_target = TARGETS[kind]
         memory_note = f" (target <= {memory_target})" if memory_target else ""
-        print(f"ratio {pair} gamma/{name}: tokens/s {speed:.3f} (target >= {speed_target}), "
+        print(f"ratio {kind} gamma/{name}{compiled}: tokens/s {speed:.3f} (target >= {speed_target}), "
               f"peak memory {memory:.3f}{memory_note}")
 
 

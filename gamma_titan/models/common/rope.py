@@ -9,10 +9,10 @@ half is one fused multiply-add onto x·cos:
     out[:h] = x[:h]·cos[:h] + x[h:]·sin_signed[:h],   out[h:] = x[h:]·cos[h:] + x[:h]·sin_signed[h:]
 
 The rotation is orthogonal, so the backward pass is the same with the halves of
-sin_signed swapped. `_Rotate` does each direction in one allocation and three passes over
-the data, and saves nothing but the cache: autograd through the plain formula made four
-temporaries per call, which on the CPU cost three times TorchTitan's complex-number
-rotation.
+sin_signed swapped. `_Rotate` does each direction in one allocation and three kernels, and
+saves nothing but the cache. Autograd through the plain formula made four temporaries
+per call: on the CPU, forward and backward took 2.5x TorchTitan's complex-number rotation
+(which needs the interleaved layout), and now take about 1.7x.
 """
 
 import torch

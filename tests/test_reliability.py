@@ -1,0 +1,144 @@
+"""[gamma.reliability] pieces on their own: the step guard, the loss-spike detector, the
+checkpoint-folder rules (complete vs incomplete, keep-last-K) and the SIGTERM flag.
+End-to-end runs of the same are in tests/test_faults.py."""
+
+import os
+import queue
+import signal
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from gamma_titan.config import Reliability
+from gamma_titan.reliability import (
+    GracefulStop,
+    LossSpikes,
+    NonFiniteError,
+    StepGuard,
+    checkpoint_steps,
+    parameters_finite,
+    purge_keeping_complete,
+)
+
+
+def make_checkpoints(root, complete, incomplete):
+    for step in complete:
+        (root / f"step-{step}").mkdir(parents=True)
+        (root / f"step-{step}" / "__0_0.distcp").write_bytes(b"x")
+        (root / f"step-{step}" / ".metadata").write_bytes(b"m")
+    for step in incomplete:
+        (root / f"step-{step}").mkdir(parents=True)
+        (root / f"step-{step}" / "__0_0.distcp").write_bytes(b"partial")
+
+
+def test_checkpoint_steps_count_only_folders_with_metadata(tmp_path):
+    make_checkpoints(tmp_path, complete=[10, 30], incomplete=[20, 40])
+    (tmp_path / "model.json").write_text("{}")
+    (tmp_path / "step-x").mkdir()
+    assert checkpoint_steps(tmp_path) == ([10, 30], [20, 40])
+    assert checkpoint_steps(tmp_path / "missing") == ([], [])
+
+
+@pytest.mark.parametrize("complete,incomplete,keep,deleted", [
+    ([10], [20, 30], 1, []),                # the only complete checkpoint survives a newer partial one
+    ([10, 20], [30], 1, [10]),              # a newer partial save may still be in flight: kept
+    ([10, 30], [20], 1, [10, 20]),          # a partial older than the newest complete is garbage
+    ([10, 20, 30, 40], [], 2, [10, 20]),
+    ([], [10], 1, []),
+])
+def test_purge_keeps_the_newest_complete_checkpoints(tmp_path, monkeypatch, complete, incomplete, keep, deleted):
+    make_checkpoints(tmp_path, complete, incomplete)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 0)
+    purged = queue.Queue()
+    purge_keeping_complete(SimpleNamespace(keep_latest_k=keep, folder=str(tmp_path), purge_queue=purged))
+    assert sorted(int(os.path.basename(p).split("-")[1]) for p in purged.queue) == deleted
+
+
+def test_torchtitans_own_purge_would_delete_the_only_complete_checkpoint(tmp_path, monkeypatch):
+    """Why ours replaces it: TorchTitan counts every step-N folder."""
+    from torchtitan.components.checkpoint import CheckpointManager
+
+    make_checkpoints(tmp_path, complete=[10], incomplete=[20])
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 0)
+    purged = queue.Queue()
+    fake = SimpleNamespace(keep_latest_k=1, folder=str(tmp_path), purge_queue=purged, purge_thread=object(),
+                           enable_ft_dataloader_checkpoints=False)
+    CheckpointManager._purge_stale_checkpoints(fake)
+    assert [os.path.basename(p) for p in purged.queue] == ["step-10"]
+
+
+def test_guard_skips_then_stops_after_the_allowed_number():
+    guard = StepGuard(Reliability(on_nonfinite="skip", max_skipped_steps=2))
+    assert guard.check(1, 1.0, 3.0)
+    assert not guard.check(2, float("nan"), 3.0)
+    assert not guard.check(3, 1.0, float("inf"))
+    with pytest.raises(NonFiniteError, match="step 4.*3 steps skipped.*max_skipped_steps = 2"):
+        guard.check(4, float("nan"), float("nan"))
+
+
+def test_guard_stop_names_the_step():
+    guard = StepGuard(Reliability(on_nonfinite="stop"))
+    with pytest.raises(NonFiniteError, match=r"step 7: non-finite loss \(nan\)"):
+        guard.check(7, 2.0, float("nan"))
+
+
+def test_loss_spikes_against_the_running_mean():
+    spikes = LossSpikes(factor=1.5, window=4)
+    assert [spikes.observe(x) for x in (4.0, 4.0, 4.0, 4.0)] == [None] * 4  # window filling
+    assert spikes.observe(5.9) is None  # 5.9 < 1.5 x 4
+    mean = (4.0 + 4.0 + 4.0 + 5.9) / 4
+    assert spikes.observe(1.5 * mean + 0.01) == pytest.approx(mean)
+    assert spikes.observe(float("nan")) is None  # non-finite: the guard's business, not remembered
+    assert LossSpikes(factor=0, window=2).observe(100.0) is None
+
+
+def test_parameters_finite():
+    model = torch.nn.Linear(3, 3)
+    assert parameters_finite([model], "cpu")
+    with torch.no_grad():
+        model.weight[1, 2] = float("inf")
+    assert not parameters_finite([model], "cpu")
+
+
+def test_sigterm_sets_the_flag_and_the_handler_is_restored():
+    before = signal.getsignal(signal.SIGTERM)
+    stop = GracefulStop(grace_seconds=60)
+    stop.install()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.requested and stop.agreed("cpu")
+    finally:
+        stop.uninstall()
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--gamma.reliability.on_nonfinite", "ignore"],
+     "Invalid choice: invalid choice 'ignore' for argument '--gamma.reliability.on-nonfinite'. "
+     "Expected one of ('skip', 'stop')."),
+    (["--gamma.reliability.max_skipped_steps", "-1"], "gamma.reliability.max_skipped_steps = -1: must be an integer >= 0"),
+    (["--gamma.reliability.loss_spike_factor", "0.5"], "gamma.reliability.loss_spike_factor = 0.5: must be > 1 (0 = off)"),
+    (["--gamma.reliability.loss_spike_window", "1"], "gamma.reliability.loss_spike_window = 1: must be an integer >= 2"),
+    (["--gamma.reliability.stop_grace_seconds", "0"], "gamma.reliability.stop_grace_seconds = 0.0: must be a number > 0"),
+])
+def test_bad_reliability_values_are_one_line_errors(argv, message, tmp_path):
+    from gamma_titan.config import load_job_config
+    from gamma_titan.errors import ConfigError
+    from helpers import DEBUG_TOML
+
+    with pytest.raises(ConfigError) as err:
+        load_job_config(["--job.config_file", str(DEBUG_TOML), "--job.dump_folder", str(tmp_path / "run"), *argv])
+    assert str(err.value) == message
+    assert not (tmp_path / "run").exists()
+
+
+def test_bad_reliability_value_in_toml(tmp_path):
+    from gamma_titan.config import load_job_config
+    from gamma_titan.errors import ConfigError
+    from helpers import DEBUG_TOML
+
+    toml = tmp_path / "bad.toml"
+    toml.write_text(DEBUG_TOML.read_text() + '\n[gamma.reliability]\non_nonfinite = "ignore"\n')
+    with pytest.raises(ConfigError, match=r"^gamma.reliability.on_nonfinite = 'ignore': allowed skip, stop$"):
+        load_job_config(["--job.config_file", str(toml)])
