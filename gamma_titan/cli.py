@@ -58,7 +58,9 @@ def cmd_train(ns, overrides: list[str]) -> int:
         "--local-ranks-filter", "0", "--role", "rank", "--tee", "3",
         "-m", "gamma_titan.train", *argv,
     ]
-    env = dict(os.environ)
+    from gamma_titan.run_record import LAUNCH_COMMAND_ENV
+
+    env = {**os.environ, LAUNCH_COMMAND_ENV: " ".join(["gamma-titan", *sys.argv[1:]])}
     if nproc > 1 and "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
     print("+ " + " ".join(command), flush=True)

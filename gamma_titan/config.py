@@ -412,8 +412,8 @@ def _parse_quietly(argv: list[str]):
             sys.stderr.write(captured.getvalue())
             raise
         raise ConfigError(_first_box_text(captured.getvalue())) from None
-    except ValueError as e:  # TorchTitan's own checks
-        raise ConfigError(str(e).splitlines()[0]) from None
+    except (ValueError, AssertionError) as e:  # TorchTitan's own checks (some are asserts)
+        raise ConfigError(str(e).splitlines()[0] if str(e) else f"invalid config ({type(e).__name__})") from None
     finally:
         root.setLevel(level)
 

@@ -83,6 +83,19 @@ def check_training(config) -> None:
         value = getattr(t, key)
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"training.{key} = {value!r}: must be a positive integer")
+    positive = {"checkpoint.interval": config.checkpoint.interval, "metrics.log_freq": config.metrics.log_freq}
+    if config.validation.enable:
+        positive["validation.freq"] = config.validation.freq
+    for key, value in positive.items():
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{key} = {value!r}: must be a positive integer")
+    keep = config.checkpoint.keep_latest_k
+    if not isinstance(keep, int) or keep < 0 or keep == 1:
+        raise ConfigError(f"checkpoint.keep_latest_k = {keep!r}: must be 0 (keep all) or >= 2 (TorchTitan keeps "
+                          "a spare while the newest may still be being written)")
+    steps = config.validation.steps
+    if config.validation.enable and (not isinstance(steps, int) or (steps < 1 and steps != -1)):
+        raise ConfigError(f"validation.steps = {steps!r}: must be a positive integer, or -1 for the whole split")
     from torchtitan.protocols.model_converter import _registry_model_converter_cls as converters
 
     for name in config.model.converters:
@@ -230,6 +243,10 @@ def main(argv: list[str] | None = None) -> None:
     single_process_env()
     init_logger()
     if int(os.environ.get("RANK", "0")) == 0:
+        from gamma_titan.run_record import write_run_record
+
+        record = write_run_record(config, _world_size())
+        logger.info(f"run record (resolved config, versions, command): {record}")
         logger.info("gamma-titan model at init:\n" + startup_summary(spec, args, config))
     from gamma_titan.reliability import NonFiniteError
 

@@ -167,7 +167,7 @@ class GammaTrainer(Trainer):
         rank0 = torch.distributed.get_rank() == 0
         if job.checkpoint.enable and rank0:
             report_incomplete_checkpoints(folder)
-        if checkpointer.keep_latest_k > 0:
+        if getattr(checkpointer, "keep_latest_k", 0) > 0:  # unset when checkpointing is off
             checkpointer._purge_stale_checkpoints = lambda: purge_keeping_complete(checkpointer)
         # model.json is written after each save rather than at start-up: TorchTitan ignores
         # `checkpoint.initial_load_path` once the checkpoint folder exists.

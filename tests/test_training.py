@@ -78,6 +78,25 @@ def test_logged_tflops_use_the_models_flops_per_token(debug_run):
         assert r["tflops"] == pytest.approx(flops * r["tps"] / 1e12, rel=1e-6)
 
 
+def test_run_folder_records_the_resolved_config_versions_and_command(debug_run):
+    from gamma_titan.config import load_job_config
+
+    records = sorted((debug_run / "runs").iterdir())
+    assert len(records) == 1
+    info = json.loads((records[0] / "run.json").read_text())
+    assert info["command"][1:3] == ["-m", "gamma_titan.train"] and "--training.steps" in info["command"]
+    assert info["world_size"] == 1 and info["packages"]["torchtitan"].startswith("0.2")
+    assert info["git"] is None or len(info["git"]["commit"]) == 40
+    reloaded = load_job_config(["--job.config_file", str(records[0] / "config.toml")])
+    original = load_job_config(["--job.config_file", str(DEBUG_TOML), "--job.dump_folder", str(debug_run),
+                                *DEBUG_RUN, "--training.steps", "30"])
+    loaded, expected = reloaded.to_dict(), original.to_dict()
+    assert loaded["job"].pop("config_file") == str(records[0] / "config.toml")
+    assert expected["job"].pop("config_file") == str(DEBUG_TOML)
+    assert loaded == expected
+    assert reloaded.training.steps == 30 and reloaded.gamma.diagnostics.freq == 10
+
+
 def test_diagnostics_are_logged_at_the_configured_steps_with_their_tags(debug_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -381,7 +381,9 @@ def test_trainer_checkpoints_the_last_step_when_data_runs_out(monkeypatch, step,
     trainer = GammaTrainer.__new__(GammaTrainer)
     calls = []
     trainer.step = step
-    trainer.job_config = SimpleNamespace(checkpoint=SimpleNamespace(interval=10))
+    trainer._step_losses = []
+    trainer.job_config = SimpleNamespace(checkpoint=SimpleNamespace(interval=10),
+                                         gamma=SimpleNamespace(reliability=SimpleNamespace(inject_kill_at_step=0)))
     trainer.checkpointer = SimpleNamespace(save=lambda s, last_step: calls.append((s, last_step)))
     with pytest.raises(DataloaderExhaustedError):
         trainer.train_step(iter([]))

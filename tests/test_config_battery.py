@@ -1,0 +1,109 @@
+"""The config battery: bad inputs, each refused by the pre-flight checks with its one-line
+message (naming the key and what is allowed), before any process group starts, and with
+nothing written into job.dump_folder. This is what `gamma-titan train` and
+`python -m gamma_titan.train` run first."""
+
+import re
+
+import pytest
+
+from gamma_titan.config import load_job_config
+from gamma_titan.errors import ConfigError
+from gamma_titan.train import preflight
+from helpers import REPO
+
+DENSE, MOE = "configs/dense/debug.toml", "configs/moe/debug.toml"
+
+# (config, overrides, world size, the message: exact, or a regex when it starts with "re:")
+BATTERY = [
+    (DENSE, ["--gamma.init_rate", "0"], 1, "gamma.init_rate = 0.0: must be a number in (0, 4]"),
+    (DENSE, ["--gamma.init_rate", "5"], 1, "gamma.init_rate = 5.0: must be a number in (0, 4]"),
+    (DENSE, ["--gamma.norm_eps", "-1"], 1, "gamma.norm_eps = -1.0: must be a number > 0"),
+    (DENSE, ["--gamma.attention_gate", "bogus"], 1,
+     "Invalid choice: invalid choice 'bogus' for argument '--gamma.attention-gate'. "
+     "Expected one of ('none', 'headwise', 'elementwise')."),
+    (DENSE, ["--gamma.init_truncation", "-1"], 1, "gamma.init_truncation = -1.0: must be >= 0 (0 = no truncation)"),
+    (DENSE, ["--gamma.init_rate_overrides.output", "9"], 1,
+     "gamma.init_rate_overrides.output = 9.0: must be a number in (0, 4]"),
+    (DENSE, ["--gamma.diagnostics.freq", "0"], 1, "gamma.diagnostics.freq = 0: must be an integer >= 1"),
+    (DENSE, ["--gamma.diagnostics.cosine_rows", "1"], 1, "gamma.diagnostics.cosine_rows = 1: must be an integer >= 2"),
+    (DENSE, ["--gamma.diagnostics.cosine_params", "nope.weight"], 1,
+     "re:gamma.diagnostics.cosine_params: 'nope.weight' is not a weight matrix of gamma_dense; e.g. "),
+    (DENSE, ["--gamma.data.seed", "-1"], 1, "gamma.data.seed = -1: must be an integer >= 0"),
+    (DENSE, ["--gamma.data.on_exhausted", "forever"], 1,
+     "Invalid choice: invalid choice 'forever' for argument '--gamma.data.on-exhausted'. "
+     "Expected one of ('wrap', 'stop')."),
+    (DENSE, ["--gamma.reliability.max_skipped_steps", "-1"], 1,
+     "gamma.reliability.max_skipped_steps = -1: must be an integer >= 0"),
+    (DENSE, ["--gamma.reliability.inject_kill_at_step", "-2"], 1,
+     "gamma.reliability.inject_kill_at_step = -2: must be a step >= 1 (0 = never)"),
+    (DENSE, ["--model_args.n_heads", "3"], 1, "model_args.n_heads = 3 does not divide model_args.dim = 256"),
+    (DENSE, ["--model_args.n_kv_heads", "3"], 1,
+     "model_args.n_kv_heads = 3 must be a positive divisor of model_args.n_heads = 4"),
+    (DENSE, ["--model_args.dim", "0"], 1, "model_args.dim = 0: must be a positive integer"),
+    (DENSE, ["--model_args.vocab_size", "100"], 1,
+     "re:model.hf_assets_path: the tokenizer at .* has 4096 tokens but model_args.vocab_size = 100; "
+     "use vocab_size >= 4096$"),
+    (DENSE, ["--model_args.n_routed_experts", "8"], 1, "model_args.n_routed_experts does not apply to model gamma_dense"),
+    (DENSE, ["--model_args.rope_theta", "-1"], 1, "model_args.rope_theta = -1.0: must be > 0"),
+    (DENSE, ["--model.flavor", "huge"], 1, "model.flavor = 'huge': allowed for gamma_dense: debug, 0.1B, 0.3B, 0.7B, 1.5B, 7B"),
+    (DENSE, ["--model.name", "nonexistent"], 1, "model.name = 'nonexistent': allowed gamma_dense, gamma_moe"),
+    (DENSE, ["--training.steps", "0"], 1, "training.steps = 0: must be a positive integer"),
+    (DENSE, ["--training.seq_len", "0"], 1, "training.seq_len = 0: must be a positive integer"),
+    (DENSE, ["--training.local_batch_size", "0"], 1, "training.local_batch_size = 0: must be a positive integer"),
+    (DENSE, ["--parallelism.tensor_parallel_degree", "3"], 3,
+     "parallelism.tensor_parallel_degree = 3 must divide model_args.n_heads = 4 and the KV heads (2)"),
+    (DENSE, ["--parallelism.data_parallel_shard_degree", "2"], 1,
+     "parallelism.data_parallel_shard_degree = 2: the degrees multiply to 2 but the world size is 1 (use -1 to infer)"),
+    (DENSE, ["--parallelism.pipeline_parallel_degree", "2"], 2,
+     "parallelism.pipeline_parallel_degree = 2: gamma_dense supports 1 (no pipeline parallelism)"),
+    (DENSE, ["--parallelism.expert_parallel_degree", "2"], 2,
+     "parallelism.expert_parallel_degree = 2 applies to MoE models; gamma_dense needs 1"),
+    (MOE, ["--parallelism.expert_parallel_degree", "3"], 3,
+     "parallelism.expert_parallel_degree = 3 must divide model_args.n_routed_experts = 8"),
+    (MOE, ["--model_args.top_k", "9"], 1, "model_args.top_k = 9 exceeds model_args.n_routed_experts = 8"),
+    (MOE, ["--model_args.n_dense_layers", "4"], 1,
+     "model_args.n_dense_layers = 4 leaves no MoE layer of model_args.n_layers = 4"),
+    (MOE, ["--model_args.attention", "gqa"], 1, "model_args.attention = 'gqa': allowed mha, mla"),
+    (DENSE, ["--parallelism.tensor_parallel_degree", "2", "--training.seq_len", "255"], 2,
+     "training.seq_len = 255 must be divisible by 2 (tensor parallel degree x 2 x context parallel degree)"),
+    (DENSE, ["--training.dataset", "nosuch"], 1,
+     "re:training.dataset: unknown dataset 'nosuch'; allowed: builtin, builtin_validation, .*memmap"),
+    (DENSE, ["--training.dataset", "memmap", "--training.dataset_path", "/nonexistent"], 1,
+     "training.dataset_path: /nonexistent does not exist"),
+    (DENSE, ["--model.hf_assets_path", "/nonexistent"], 1,
+     "model.hf_assets_path: '/nonexistent' does not exist; use \"builtin\" or a local folder with tokenizer.json"),
+    (DENSE, ["--unknown.key", "1"], 1, "re:unknown option --unknown.key; allowed under \\(top level\\): .*gamma, job"),
+    (DENSE, ["--training.bogus", "1"], 1, "re:unknown option --training.bogus; allowed under training: dataloader, "),
+    (DENSE, ["--model.converters", "quantize.linear.float8"], 1,
+     "quantize.linear.float8.emulate must be true without an SM89+ GPU (float8 runs emulated on this machine)"),
+    (DENSE, ["--checkpoint.interval", "0"], 1, "checkpoint.interval = 0: must be a positive integer"),
+    (DENSE, ["--checkpoint.keep_latest_k", "1"], 1,
+     "checkpoint.keep_latest_k = 1: must be 0 (keep all) or >= 2 (TorchTitan keeps a spare while the newest "
+     "may still be being written)"),
+    (DENSE, ["--metrics.log_freq", "0"], 1, "metrics.log_freq = 0: must be a positive integer"),
+    (DENSE, ["--validation.steps", "0"], 1, "validation steps must be positive or -1"),
+    ("configs/nonexistent.toml", [], 1, f"job.config_file: '{REPO / 'configs/nonexistent.toml'}' does not exist"),
+]
+
+
+def test_the_battery_is_large():
+    assert len(BATTERY) >= 25
+
+
+@pytest.mark.parametrize("toml,overrides,world,message", BATTERY,
+                         ids=[" ".join(b[1])[:60] or b[0] for b in BATTERY])
+def test_bad_input_is_one_line_before_anything_starts(tmp_path, toml, overrides, world, message):
+    import torch.distributed as dist
+
+    dump = tmp_path / "run"
+    with pytest.raises(ConfigError) as err:
+        config = load_job_config(["--job.config_file", str(REPO / toml), "--job.dump_folder", str(dump), *overrides])
+        preflight(config, world_size=world)
+    text = str(err.value)
+    assert "\n" not in text
+    if message.startswith("re:"):
+        assert re.match(message[3:], text), text
+    else:
+        assert text == message
+    assert not dump.exists() and not dist.is_initialized()
