@@ -69,7 +69,8 @@ def git_state(folder: Path = REPO) -> dict | None:
 
 
 def write_run_record(job_config, world_size: int, argv: list[str] | None = None) -> Path:
-    """Write this launch's record into a new folder under `<dump_folder>/runs/`."""
+    """Write this launch's record into a new folder under `<dump_folder>/runs/`; `argv`
+    defaults to this process's command line."""
     now = datetime.datetime.now(datetime.timezone.utc)
     runs = Path(job_config.job.dump_folder) / RUNS_FOLDER
     runs.mkdir(parents=True, exist_ok=True)
@@ -86,7 +87,7 @@ def write_run_record(job_config, world_size: int, argv: list[str] | None = None)
     (folder / "config.toml").write_text(config_toml(job_config))
     write_json_atomic(folder / "run.json", {
         "started": now.isoformat(timespec="seconds"),
-        "command": [sys.executable, *(sys.argv if argv is None else argv)],
+        "command": list(sys.orig_argv) if argv is None else argv,  # as launched: python [-u] -m ...
         "launch_command": os.environ.get(LAUNCH_COMMAND_ENV),
         "cwd": os.getcwd(),
         "host": socket.gethostname(),

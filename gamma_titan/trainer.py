@@ -38,6 +38,9 @@ from gamma_titan.reliability import (
 )
 
 
+DIAGNOSTICS_STATE = "diagnostics"  # key of LiveDiagnostics in the checkpoint
+
+
 class GammaTrainer(Trainer):
     def __init__(self, job_config):
         super().__init__(job_config)
@@ -50,6 +53,8 @@ class GammaTrainer(Trainer):
             self.diagnostics = LiveDiagnostics(cfg, self.model_parts[0], tokens,
                                                tp_group=tp.get_group() if tp is not None else None)
             self.metrics_processor.diagnostics_attached = True
+            if job_config.checkpoint.enable:
+                self._checkpoint_diagnostics()
 
         reliability = job_config.gamma.reliability
         self.guard = StepGuard(reliability)
@@ -154,6 +159,34 @@ class GammaTrainer(Trainer):
         FileSystemWriter.finish = finish_or_die
 
     # --- checkpoints ---------------------------------------------------------------------------
+
+    def _checkpoint_diagnostics(self) -> None:
+        """The diagnostics' warm state goes into every checkpoint, and is loaded back when
+        the checkpoint resumed from has it (one written with diagnostics off does not: then
+        they start cold)."""
+        checkpointer = self.checkpointer
+        step = self.job_config.checkpoint.load_step
+        step = checkpointer._find_load_step() if step == -1 else step
+        if step > 0:
+            from torch.distributed.checkpoint import FileSystemReader
+
+            try:
+                keys = FileSystemReader(os.path.join(checkpointer.folder, f"step-{step}")).read_metadata()
+                keys = keys.state_dict_metadata
+            except FileNotFoundError:
+                keys = {}
+            if any(key.startswith(f"{DIAGNOSTICS_STATE}.") for key in keys):
+                checkpointer.states[DIAGNOSTICS_STATE] = self.diagnostics
+            else:
+                logger.info(f"step-{step} holds no diagnostics state: the diagnostics start cold")
+        load = checkpointer.load
+
+        def load_then_track(*args, **kwargs):
+            loaded = load(*args, **kwargs)
+            checkpointer.states[DIAGNOSTICS_STATE] = self.diagnostics  # saved from now on
+            return loaded
+
+        checkpointer.load = load_then_track
 
     def _guard_checkpoints(self) -> None:
         """Every save: refuse non-finite parameters, force a full save when stopping, then

@@ -142,3 +142,19 @@ def test_bad_reliability_value_in_toml(tmp_path):
     toml.write_text(DEBUG_TOML.read_text() + '\n[gamma.reliability]\non_nonfinite = "ignore"\n')
     with pytest.raises(ConfigError, match=r"^gamma.reliability.on_nonfinite = 'ignore': allowed skip, stop$"):
         load_job_config(["--job.config_file", str(toml)])
+
+
+def test_grace_period_watchdog_exits_143(tmp_path):
+    """A stop that does not finish within stop_grace_seconds ends the process with 143."""
+    import subprocess
+    import sys
+
+    script = ("import os, signal, time\n"
+              "from gamma_titan.reliability import GracefulStop\n"
+              "stop = GracefulStop(grace_seconds=0.5)\n"
+              "stop.install()\n"
+              "os.kill(os.getpid(), signal.SIGTERM)\n"
+              "time.sleep(30)  # a step that never finishes\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 143  # without the watchdog: exit 0 after the 30 s sleep
+    assert "no clean stop within gamma.reliability.stop_grace_seconds = 0.5" in proc.stderr

@@ -84,7 +84,8 @@ def test_run_folder_records_the_resolved_config_versions_and_command(debug_run):
     records = sorted((debug_run / "runs").iterdir())
     assert len(records) == 1
     info = json.loads((records[0] / "run.json").read_text())
-    assert info["command"][1:3] == ["-m", "gamma_titan.train"] and "--training.steps" in info["command"]
+    command = info["command"]
+    assert command[command.index("-m") + 1] == "gamma_titan.train" and "--training.steps" in command
     assert info["world_size"] == 1 and info["packages"]["torchtitan"].startswith("0.2")
     assert info["git"] is None or len(info["git"]["commit"]) == 40
     reloaded = load_job_config(["--job.config_file", str(records[0] / "config.toml")])
@@ -147,17 +148,22 @@ def test_condensation_report_from_the_runs_checkpoints(debug_run, tmp_path):
 
 
 def test_resume_trains_on_the_same_batches_and_appends_metrics(debug_run, tmp_path):
-    """A run resumed from debug_run's step-20 checkpoint (model, optimizer, schedule and the
-    data loader's position) reproduces its losses bitwise, and appends to metrics.jsonl."""
+    """A run resumed from debug_run's step-20 checkpoint (model, optimizer, schedule, the
+    data loader's position and the diagnostics' warm state) reproduces its losses and its
+    step-30 diagnostics bitwise, and appends to metrics.jsonl."""
     dump = tmp_path / "run"
     shutil.copytree(debug_run / "checkpoint" / "step-20", dump / "checkpoint" / "step-20")
     (dump / "metrics.jsonl").write_text(json.dumps({"step": 0, "note": "earlier run"}) + "\n")
-    run_trainer(dump, *DEBUG_RUN, "--training.steps", "22", "--metrics.enable_tensorboard", "false")
+    run_trainer(dump, *DEBUG_RUN, "--training.steps", "30", "--metrics.enable_tensorboard", "false",
+                "--validation.enable", "false")
     records = read_metrics(dump)
     assert records[0] == {"step": 0, "note": "earlier run"}
-    assert [r["step"] for r in records[1:]] == [21, 22]
-    original = {r["step"]: r["loss"] for r in read_metrics(debug_run)}
-    assert [r["loss"] for r in records[1:]] == [original[21], original[22]]
+    assert [r["step"] for r in records[1:]] == list(range(21, 31))
+    original = {r["step"]: r for r in read_metrics(debug_run)}
+    assert [r["loss"] for r in records[1:]] == [original[s]["loss"] for s in range(21, 31)]
+    resumed_diagnostics = {k: v for k, v in records[-1].items() if k.startswith("gamma/") and "seconds" not in k}
+    assert len(resumed_diagnostics) > 20
+    assert resumed_diagnostics == {k: original[30][k] for k in resumed_diagnostics}
 
 
 @pytest.mark.parametrize("variant", ["compile", "float8"])

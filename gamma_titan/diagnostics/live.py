@@ -123,6 +123,22 @@ class LiveDiagnostics:
         return {f"{PREFIX}cosine/{name}": row_cosine(leading_rows(weights[name], self.cfg.cosine_rows))
                 for name in self.cosine_params}
 
+    # --- warm state, checkpointed with the run (exact resume) ----------------------
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The stable ranks' warm-start vectors, (1 or E, d_in) per weight and the same on
+        every rank, so a resumed run measures what an uninterrupted one would. Zeros stand
+        for a weight not measured yet (DCP loads into tensors of known shape)."""
+        state = {}
+        for name, weight in weight_matrices(self.model).items():
+            shape = (1 if weight.ndim == 2 else weight.shape[0], weight.shape[-1])
+            vector = self.stable_ranks.vectors.get(name)
+            state[name] = vector if vector is not None else torch.zeros(shape, device=self.tokens.device)
+        return state
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.stable_ranks.vectors = {name: v for name, v in state.items() if bool(v.abs().sum() > 0)}
+
     # --- one call per due step -----------------------------------------------------
 
     def measure(self, step: int, with_images: bool) -> tuple[dict[str, float], dict[str, torch.Tensor]]:

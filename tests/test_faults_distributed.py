@@ -1,0 +1,46 @@
+"""Faults injected into 2-process FSDP runs ([gamma.reliability]), and what survives them:
+rank 0 killed (SIGKILL) inside a checkpoint write, then the last rank killed mid-training,
+then a plain restart (every step's loss equals an uninterrupted run's, bitwise, and no
+complete checkpoint is lost); SIGTERM through torchrun. Single-process faults are in
+tests/test_faults.py."""
+
+import json
+
+import pytest
+
+from helpers import read_metrics, run_trainer
+from test_faults import CHECKPOINTS, FAST, complete_steps, sigterm_then_resume
+
+pytestmark = pytest.mark.multiprocess
+
+
+def test_sigterm_through_torchrun_checkpoints_both_ranks_at_the_same_step(tmp_path, builtin_assets):
+    sigterm_then_resume(tmp_path, nproc=2)
+
+
+def test_killed_ranks_lose_nothing(tmp_path, builtin_assets):
+    """2-process FSDP with a checkpoint every 2 steps (all kept)."""
+    run = (*FAST, *CHECKPOINTS, "--training.steps", "8")
+    reference = tmp_path / "reference"
+    run_trainer(reference, *run, nproc=2)
+    expected = {r["step"]: r["loss"] for r in read_metrics(reference)}
+    assert sorted(expected) == list(range(1, 9))
+
+    dump = tmp_path / "run"
+    # 1. rank 0 dies inside the write of step 6's checkpoint: step-4 stays the last complete one.
+    killed = run_trainer(dump, *run, "--gamma.reliability.inject_kill_in_save_at_step", "6", nproc=2, check=False)
+    assert killed.returncode != 0
+    assert complete_steps(dump) == ([2, 4], [6])
+    # 2. restarted, it reports step-6 as incomplete, resumes from step-4, then the last rank
+    #    dies as step 7 starts (step 6 is now saved whole).
+    killed = run_trainer(dump, *run, "--gamma.reliability.inject_kill_at_step", "7", nproc=2, check=False)
+    assert killed.returncode != 0
+    assert "incomplete checkpoint(s)" in killed.stdout + killed.stderr and "step-6" in killed.stdout + killed.stderr
+    assert complete_steps(dump) == ([2, 4, 6], [])
+    # 3. a plain restart finishes the run from step-6.
+    run_trainer(dump, *run, nproc=2)
+    assert complete_steps(dump) == ([2, 4, 6, 8], [])
+
+    logged = read_metrics(dump)  # appended by all three runs: 1-6, 5-6, 7-8
+    assert [r["step"] for r in logged] == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8]
+    assert all(r["loss"] == expected[r["step"]] for r in logged), json.dumps(logged)
