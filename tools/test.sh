@@ -9,4 +9,4 @@ bash tools/setup.sh
 workers="${GAMMA_TITAN_TEST_WORKERS:-2}"
 xdist=()
 [ "$workers" -gt 1 ] && xdist=(-n "$workers" --dist loadfile)
-exec .venv/bin/python -m pytest tests -q -p no:cacheprovider "${xdist[@]}" "$@"
+exec .venv/bin/python -m pytest tests -q -p no:cacheprovider --durations=15 "${xdist[@]}" "$@"

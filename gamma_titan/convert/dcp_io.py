@@ -17,7 +17,7 @@ import torch
 
 from gamma_titan.errors import ConfigError
 
-NOT_MODEL = ("optimizer.", "lr_scheduler.", "dataloader.", "train_state.")
+NOT_MODEL = ("optimizer.", "lr_scheduler.", "dataloader.", "train_state.", "diagnostics.")  # trainer.DIAGNOSTICS_STATE
 
 
 def is_checkpoint(path: Path) -> bool:
