@@ -139,6 +139,22 @@ def header(title: str, batch: int, seq_len: int, reps: int, steps: int) -> str:
             f"median (min .. max) over rounds, {where}")
 
 
+def add_round_args(parser, reps: int = 21, steps: int = 1,
+                   quick_help: str = "small batch, 1 round of 1 step (CI)") -> None:
+    """The shape and timing flags every model benchmark takes."""
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--reps", type=int, default=reps, help="rounds per variant")
+    parser.add_argument("--steps", type=int, default=steps, help="timed training steps per round")
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+
+
+def apply_quick(ns) -> None:
+    """--quick: batch 2 x 64 tokens, one round of one step."""
+    if ns.quick:
+        ns.batch, ns.seq_len, ns.reps, ns.steps = 2, 64, 1, 1
+
+
 def random_tokens(vocab_size: int, batch: int, seq_len: int, seed: int = 0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab_size, (batch, seq_len + 1), generator=gen).to(device())

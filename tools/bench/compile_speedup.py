@@ -22,7 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import reference  # noqa: E402  (imports gamma_titan first: CPU shims)
-from common import Variant, describe, device, header, interleave, paired_ratio, random_tokens  # noqa: E402
+from common import (Variant, add_round_args, apply_quick, describe, device, header, interleave,  # noqa: E402
+                    paired_ratio, random_tokens)
 
 from gamma_titan.config import load_job_config  # noqa: E402
 from gamma_titan.inspect_model import resolve_model  # noqa: E402
@@ -56,14 +57,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", choices=list(CONFIGS), default=["dense", "moe"])
     parser.add_argument("--gate", default="elementwise", choices=["none", "headwise", "elementwise"])
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--reps", type=int, default=5, help="rounds per variant")
-    parser.add_argument("--steps", type=int, default=3, help="timed training steps per round")
-    parser.add_argument("--quick", action="store_true", help="dense only, small batch, 1 round of 1 step (CI)")
+    add_round_args(parser, reps=5, steps=3, quick_help="dense only, small batch, 1 round of 1 step (CI)")
     ns = parser.parse_args(argv)
+    apply_quick(ns)
     if ns.quick:
-        ns.models, ns.batch, ns.seq_len, ns.reps, ns.steps = ["dense"], 2, 64, 1, 1
+        ns.models = ["dense"]
 
     speedups = {}
     for name in ns.models:

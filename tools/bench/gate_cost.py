@@ -23,8 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import reference  # noqa: E402  (imports gamma_titan first: CPU shims)
-from common import (Variant, describe, device, header, interleave, paired_ratio, peak_step_memory,  # noqa: E402
-                    random_tokens)  # noqa: E402
+from common import (Variant, add_round_args, apply_quick, describe, device, header, interleave,  # noqa: E402
+                    paired_ratio, peak_step_memory, random_tokens)  # noqa: E402
 
 from gamma_titan.models.dense import GammaDense, dense_flavors  # noqa: E402
 from gamma_titan.models.moe import GammaMoE, moe_flavors  # noqa: E402
@@ -37,14 +37,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=list(MODELS), default="dense")
     parser.add_argument("--flavor", default="debug")
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--reps", type=int, default=21, help="rounds per variant")
-    parser.add_argument("--steps", type=int, default=1, help="timed training steps per round")
-    parser.add_argument("--quick", action="store_true", help="small batch, 1 round of 1 step (CI)")
+    add_round_args(parser)
     ns = parser.parse_args(argv)
-    if ns.quick:
-        ns.batch, ns.seq_len, ns.reps, ns.steps = 2, 64, 1, 1
+    apply_quick(ns)
     model_cls, flavors = MODELS[ns.model]
     if ns.flavor not in flavors:
         parser.error(f"--flavor {ns.flavor!r}: allowed for {ns.model}: {', '.join(flavors)}")

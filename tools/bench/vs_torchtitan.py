@@ -28,8 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import reference  # noqa: E402  (imports gamma_titan first: CPU shims)
-from common import (Variant, describe, device, header, interleave, paired_ratio, peak_step_memory,  # noqa: E402
-                    random_tokens)  # noqa: E402
+from common import (Variant, add_round_args, apply_quick, describe, device, header, interleave,  # noqa: E402
+                    paired_ratio, peak_step_memory, random_tokens)  # noqa: E402
 
 from gamma_titan.models.dense import GammaDense, dense_flavors  # noqa: E402
 from gamma_titan.models.moe import GammaMoE, moe_flavors  # noqa: E402
@@ -90,15 +90,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pairs", nargs="+", choices=list(TARGETS), default=list(TARGETS))
     parser.add_argument("--dense-flavor", default="debug", choices=list(dense_flavors))
     parser.add_argument("--moe-flavor", default="debug", choices=[f for f in moe_flavors if "mla" not in f])
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--reps", type=int, default=21, help="rounds per variant")
-    parser.add_argument("--steps", type=int, default=1, help="timed training steps per round")
     parser.add_argument("--compile", action="store_true", help="both models compiled, as their trainers do")
-    parser.add_argument("--quick", action="store_true", help="small batch, 1 round of 1 step (CI)")
+    add_round_args(parser)
     ns = parser.parse_args(argv)
-    if ns.quick:
-        ns.batch, ns.seq_len, ns.reps, ns.steps = 2, 64, 1, 1
+    apply_quick(ns)
 
     results = {}
     for kind in ns.pairs:
