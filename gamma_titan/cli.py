@@ -9,6 +9,11 @@
     gamma-titan eval HF_DIR [--tasks T ...] [--paper-suite] [--local-task NAME=FILE.jsonl ...] [--limit N]
     gamma-titan eval compare A.json B.json [--labels A B] [--out FILE.md]
     gamma-titan report condensation RUN_DIR [RUN_DIR ...] [--out DIR] [--matrices NAME ...] [--steps N ...]
+    gamma-titan report recipe RUN_ROOT [--out DIR]
+    gamma-titan report tokens CKPT_SMALL CKPT_STD [--data NAME|DIR] [--tokens N] [--text T] [--out DIR]
+    gamma-titan recipe run NAME --scale tiny|paper [--launcher local|slurm] [--dry-run] [--out DIR] [--jobs N] [--steps N]
+                                [--section.key value ...]   (overrides for every run)
+    gamma-titan recipe list
 
 `train` checks the config here, then starts `torchrun -m gamma_titan.train` with N
 processes on this node (default: the number of GPUs, or 1 without one). For several
@@ -19,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -52,17 +56,9 @@ def cmd_train(ns, overrides: list[str]) -> int:
         raise ConfigError(f"--nproc {nproc}: must be >= 1")
     argv = _config_argv(ns.config, overrides)
     preflight(load_job_config(argv), world_size=nproc)  # fail here, before torchrun starts
-    command = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--standalone", f"--nproc_per_node={nproc}",
-        "--local-ranks-filter", "0", "--role", "rank", "--tee", "3",
-        "-m", "gamma_titan.train", *argv,
-    ]
-    from gamma_titan.run_record import LAUNCH_COMMAND_ENV
+    from gamma_titan.launch import torchrun_command
 
-    env = {**os.environ, LAUNCH_COMMAND_ENV: " ".join(["gamma-titan", *sys.argv[1:]])}
-    if nproc > 1 and "OMP_NUM_THREADS" not in env:
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+    command, env = torchrun_command(nproc, argv)
     print("+ " + " ".join(command), flush=True)
     return subprocess.call(command, env=env)
 
@@ -154,6 +150,42 @@ def cmd_report_condensation(ns, overrides: list[str]) -> int:
     return 0
 
 
+def cmd_report_recipe(ns, overrides: list[str]) -> int:
+    if overrides:
+        raise ConfigError(f"unknown arguments: {' '.join(overrides)}")
+    from gamma_titan.reports.recipe import write_report
+
+    print(write_report(ns.root, ns.out))
+    return 0
+
+
+def cmd_report_tokens(ns, overrides: list[str]) -> int:
+    if overrides:
+        raise ConfigError(f"unknown arguments: {' '.join(overrides)}")
+    from gamma_titan.reports.tokens import write_token_report
+
+    out = Path(ns.out) if ns.out else Path("token_report")
+    for path in write_token_report(ns.small, ns.std, out, data=ns.data, max_tokens=ns.tokens, text=ns.text,
+                                   seq_len=ns.seq_len, overwrite=ns.overwrite):
+        print(path)
+    return 0
+
+
+def cmd_recipe(ns, overrides: list[str]) -> int:
+    from gamma_titan.recipes.run import run_recipe
+    from gamma_titan.recipes.spec import available, load_recipe
+
+    if ns.action == "list":
+        if overrides:
+            raise ConfigError(f"unknown arguments: {' '.join(overrides)}")
+        for name in available():
+            recipe = load_recipe(name)
+            print(f"{name:14s} {recipe.figure:10s} {recipe.title}")
+        return 0
+    return run_recipe(ns.name, ns.scale, launcher=ns.launcher, dry_run=ns.dry_run, out=ns.out, jobs=ns.jobs,
+                      overrides=overrides, steps=ns.steps)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gamma-titan", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -233,6 +265,36 @@ def build_parser() -> argparse.ArgumentParser:
     condensation.add_argument("--steps", nargs="*", type=int, metavar="STEP",
                               help="checkpoint steps for the row-cosine maps (default: first, middle, last)")
     condensation.set_defaults(run=cmd_report_condensation)
+    recipe_report = report.add_parser("recipe", help="tables and plots of a recipe's runs (markdown + PNG)")
+    recipe_report.add_argument("root", metavar="RUN_ROOT", help="the --out folder of `gamma-titan recipe run`")
+    recipe_report.add_argument("--out", help="output folder (default: RUN_ROOT/report)")
+    recipe_report.set_defaults(run=cmd_report_recipe)
+    tokens = report.add_parser("tokens", help="token-level loss analysis of two checkpoints (paper Fig. 4a-c)")
+    tokens.add_argument("small", metavar="CKPT_SMALL", help="checkpoint/step-N of the small-init model")
+    tokens.add_argument("std", metavar="CKPT_STD", help="checkpoint/step-N of the standard-init model")
+    tokens.add_argument("--data", default="builtin_validation",
+                        help='token data: "builtin_validation", "builtin" or a pretokenized shard folder')
+    tokens.add_argument("--tokens", type=int, default=100_000, help="at most this many tokens scored")
+    tokens.add_argument("--seq-len", type=int, default=0, help="context length (default: the models' training one)")
+    tokens.add_argument("--text", help="text to colour by per-token gain in the HTML (default: a data sequence)")
+    tokens.add_argument("--out", help="output folder (default: ./token_report)")
+    tokens.add_argument("--overwrite", action="store_true", help="replace files in a non-empty --out")
+    tokens.set_defaults(run=cmd_report_tokens)
+
+    recipe = sub.add_parser("recipe", help="the paper's experiments as sets of runs (recipes/*.toml)")
+    recipe_sub = recipe.add_subparsers(dest="action", required=True)
+    recipe_run = recipe_sub.add_parser("run", help="plan, launch (local or SLURM) and report a recipe")
+    recipe_run.add_argument("name", metavar="NAME", help="a recipe in recipes/ (see `recipe list`) or a .toml path")
+    recipe_run.add_argument("--scale", required=True, choices=["tiny", "paper"])
+    recipe_run.add_argument("--launcher", default="local", choices=["local", "slurm"])
+    recipe_run.add_argument("--dry-run", action="store_true",
+                            help="print every run (slurm: also write the sbatch scripts); train nothing")
+    recipe_run.add_argument("--out", help="folder for the runs, scripts and report (default: runs/NAME-SCALE)")
+    recipe_run.add_argument("--jobs", type=int, default=1, help="local: runs trained at once")
+    recipe_run.add_argument("--steps", type=int, help="every run trains this many steps instead of its token budget "
+                                                      "(a smoke test; tiny: a multiple of 4)")
+    recipe_run.set_defaults(run=cmd_recipe)
+    recipe_sub.add_parser("list", help="the recipes in recipes/").set_defaults(run=cmd_recipe)
     return parser
 
 

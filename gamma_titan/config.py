@@ -357,6 +357,20 @@ def _cli_config_module(argv: list[str]) -> str | None:
     return None
 
 
+def _cache_config_merge() -> None:
+    """TorchTitan merges the JobConfig with its extension into a new class on every parse,
+    and tyro then re-reads the source of each new class. One merged class per (base,
+    extension) pair makes a parse ~25% cheaper; a recipe checks dozens of configs."""
+    import functools
+
+    from torchtitan.config import ConfigManager
+
+    merge = ConfigManager.__dict__["_merge_configs"]
+    if not isinstance(merge, staticmethod) or hasattr(merge.__func__, "cache_info"):
+        return
+    ConfigManager._merge_configs = staticmethod(functools.cache(merge.__func__))
+
+
 def load_job_config(argv: list[str]):
     """Parse a TorchTitan command line (TOML + overrides) into the merged JobConfig.
 
@@ -367,6 +381,7 @@ def load_job_config(argv: list[str]):
     from torchtitan.config import ConfigManager
     from torchtitan.config.job_config import JobConfig as TitanJobConfig
 
+    _cache_config_merge()
     argv = list(argv)
     path = _config_file(argv)
     toml = _read_toml(path) if path is not None else {}

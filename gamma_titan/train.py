@@ -71,6 +71,11 @@ def check_parallelism(config, world_size: int, args) -> None:
     if ep > 1 and (dp_shard * p.context_parallel_degree) % ep:
         raise ConfigError(f"parallelism.expert_parallel_degree = {ep} must divide the data-parallel "
                           f"shard degree ({dp_shard}) x context parallel degree")
+    per_step = config.training.local_batch_size * dp_shard * p.data_parallel_replicate_degree
+    gbs = config.training.global_batch_size
+    if gbs != -1 and (not isinstance(gbs, int) or gbs < per_step or gbs % per_step):
+        raise ConfigError(f"training.global_batch_size = {gbs!r}: must be -1 or a multiple of local_batch_size x "
+                          f"data-parallel degree = {per_step} (the rest is gradient accumulation)")
     divisor = p.tensor_parallel_degree * (2 * p.context_parallel_degree if p.context_parallel_degree > 1 else 1)
     if config.training.seq_len % divisor:
         raise ConfigError(f"training.seq_len = {config.training.seq_len} must be divisible by {divisor} "

@@ -46,11 +46,14 @@ BATTERY = [
      "use vocab_size >= 4096$"),
     (DENSE, ["--model_args.n_routed_experts", "8"], 1, "model_args.n_routed_experts does not apply to model gamma_dense"),
     (DENSE, ["--model_args.rope_theta", "-1"], 1, "model_args.rope_theta = -1.0: must be > 0"),
-    (DENSE, ["--model.flavor", "huge"], 1, "model.flavor = 'huge': allowed for gamma_dense: debug, 0.1B, 0.3B, 0.7B, 1.5B, 7B"),
+    (DENSE, ["--model.flavor", "huge"], 1, "model.flavor = 'huge': allowed for gamma_dense: debug, tiny-32, tiny-48, tiny-64, "
+     "tiny-96, 0.1B, 0.3B, 0.7B, 1.5B, 7B"),
     (DENSE, ["--model.name", "nonexistent"], 1, "model.name = 'nonexistent': allowed gamma_dense, gamma_moe"),
     (DENSE, ["--training.steps", "0"], 1, "training.steps = 0: must be a positive integer"),
     (DENSE, ["--training.seq_len", "0"], 1, "training.seq_len = 0: must be a positive integer"),
     (DENSE, ["--training.local_batch_size", "0"], 1, "training.local_batch_size = 0: must be a positive integer"),
+    (DENSE, ["--training.global_batch_size", "12"], 1, "training.global_batch_size = 12: must be -1 or a multiple "
+     "of local_batch_size x data-parallel degree = 8 (the rest is gradient accumulation)"),
     (DENSE, ["--parallelism.tensor_parallel_degree", "3"], 3,
      "parallelism.tensor_parallel_degree = 3 must divide model_args.n_heads = 4 and the KV heads (2)"),
     (DENSE, ["--parallelism.data_parallel_shard_degree", "2"], 1,

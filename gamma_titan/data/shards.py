@@ -21,6 +21,7 @@ the middle of a shard stop the run at the first bad window instead of training o
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import itertools
 import json
@@ -55,14 +56,24 @@ class TokenizerInfo:
 
 def tokenizer_info(folder: str | Path) -> TokenizerInfo:
     """Identity of the tokenizer in `folder` (tokenizer.json + tokenizer_config.json)."""
+    folder = Path(folder).resolve()
+    spec = folder / "tokenizer.json"
+    if not spec.is_file():
+        raise ConfigError(f"tokenizer: {folder} has no tokenizer.json")
+    stamps = tuple((f.stat().st_mtime_ns, f.stat().st_size) if f.is_file() else None
+                   for f in (spec, folder / "tokenizer_config.json"))
+    return _tokenizer_info(folder, stamps)
+
+
+@functools.lru_cache(maxsize=16)
+def _tokenizer_info(folder: Path, stamps: tuple) -> TokenizerInfo:
+    """Cached per folder and file stamps: planning a recipe checks the same tokenizer for
+    every run, and hashing it is most of a config check."""
     from tokenizers import Tokenizer
 
     from gamma_titan.data.tokenizer import tokenizer_vocab_size
 
-    folder = Path(folder)
     spec = folder / "tokenizer.json"
-    if not spec.is_file():
-        raise ConfigError(f"tokenizer: {folder} has no tokenizer.json")
     canonical = json.dumps(json.loads(spec.read_text(encoding="utf-8")), sort_keys=True)
     tokenizer = Tokenizer.from_file(str(spec))
     config_file = folder / "tokenizer_config.json"

@@ -23,7 +23,6 @@ replaced (they are derived data); nothing else is touched.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +33,7 @@ from gamma_titan.convert.dcp_io import load_model_state
 from gamma_titan.diagnostics.live import default_cosine_params
 from gamma_titan.diagnostics.spectral import StableRanks, row_cosine
 from gamma_titan.errors import ConfigError
+from gamma_titan.reports.run_metrics import read_metrics, sink_by_layer
 
 _STEP_DIR = re.compile(r"step-(\d+)$")
 _LAYER = re.compile(r"layers\.(\d+)\.")
@@ -73,20 +73,7 @@ def load_matrices(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 
 def read_sink_scores(run_dir: Path) -> dict[int, list[tuple[int, float]]]:
-    path = run_dir / "metrics.jsonl"
-    sink: dict[int, list[tuple[int, float]]] = {}
-    if not path.exists():
-        return sink
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a crash
-        for key, value in record.items():
-            match = re.fullmatch(r"gamma/sink_score/layer_(\d+)", key)
-            if match:
-                sink.setdefault(int(match.group(1)), []).append((record["step"], value))
-    return sink
+    return sink_by_layer(read_metrics(run_dir))
 
 
 def analyse_run(run_dir: Path, cosine_matrices: list[str] | None, cosine_steps: list[int] | None = None,

@@ -92,6 +92,12 @@ dense_flavors = Flavors(
             dim=256, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden_dim=704,
             vocab_size=4096, max_seq_len=512,
         ),
+        # The recipes' CPU scale (recipes/*.toml, --scale tiny): a 512-token vocabulary and
+        # two layers, so 20 tokens per parameter take minutes on 2 cores. The widths give
+        # the scaling recipe four sizes; SwiGLU width ≈ 8/3·d rounded up to 32.
+        **{f"tiny-{d}": DenseModelArgs(dim=d, n_layers=2, n_heads=2, ffn_hidden_dim=ffn, vocab_size=512,
+                                       max_seq_len=256)
+           for d, ffn in ((32, 96), (48, 128), (64, 192), (96, 256))},
         # The paper's sizes: GPT-3 Small / Medium / Large / XL.
         "0.1B": DenseModelArgs(dim=768, n_layers=12, n_heads=12, ffn_hidden_dim=2048),
         "0.3B": DenseModelArgs(dim=1024, n_layers=24, n_heads=16, ffn_hidden_dim=2816),

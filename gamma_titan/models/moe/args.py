@@ -176,6 +176,8 @@ def _mla(**shape) -> dict:
 _DEBUG = dict(dim=256, n_layers=4, n_heads=4, vocab_size=4096, max_seq_len=512, n_dense_layers=1,
               ffn_hidden_dim=704, moe_hidden_dim=128, n_routed_experts=8, n_shared_experts=1, top_k=2)
 _DEBUG_MLA = dict(q_lora_rank=128, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=32, v_head_dim=32)
+_TINY = dict(dim=64, n_layers=2, n_heads=2, vocab_size=512, max_seq_len=256, n_dense_layers=1,
+             ffn_hidden_dim=192, moe_hidden_dim=32, n_routed_experts=16, n_shared_experts=1, top_k=2)
 _1_5B = dict(dim=1024, n_layers=13, n_heads=16, n_dense_layers=1, ffn_hidden_dim=2816,
              moe_hidden_dim=512, n_routed_experts=72, n_shared_experts=2, top_k=6)
 _1_5B_MLA = dict(kv_lora_rank=256, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64)
@@ -187,6 +189,10 @@ moe_flavors = Flavors(
     {
         "debug": MoEModelArgs(**_DEBUG),
         "debug_mla": MoEModelArgs(**_mla(**_DEBUG, **_DEBUG_MLA)),
+        # The recipes' CPU scale (--scale tiny): the paper's two MoE sizes shrunk to a
+        # 512-token vocabulary, one dense layer then one MoE layer of 16 small experts.
+        "tiny": MoEModelArgs(**_TINY),
+        "tiny-2x": MoEModelArgs(**{**_TINY, "dim": 96, "ffn_hidden_dim": 256, "moe_hidden_dim": 48}),
         "1.5B-A0.25B": MoEModelArgs(**_1_5B),
         "1.5B-A0.25B-mla": MoEModelArgs(**_mla(**_1_5B, **_1_5B_MLA)),
         "3B-A0.5B": MoEModelArgs(**_3B),

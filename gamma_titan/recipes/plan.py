@@ -1,0 +1,176 @@
+"""From a recipe's runs to what each one trains: its command line, world size, token budget
+and cost. Every run's config is parsed and pre-flight checked here, so a recipe with one bad
+run stops before anything starts or any file is written.
+
+Token budget. `tokens` gives every run the same count (the paper: 36B dense, 100B MoE);
+`tokens_per_param` scales it with the model's total parameter count, embeddings included
+(small models need many tokens per parameter before γ = 1 pays off: it starts slower, its
+weights condense first). Steps = budget / (global batch × seq_len), rounded up to a
+multiple of `STEP_MULTIPLE[scale]`, so evaluations land on the last step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from gamma_titan.errors import ConfigError
+from gamma_titan.recipes.spec import Recipe, Run, Scale
+
+STEP_MULTIPLE = {"tiny": 100, "paper": 1000}
+#: At the tiny scale, validation, diagnostics and the sink scores are measured at step 1
+#: and this many times more, evenly, the last at the final step.
+TINY_MEASUREMENTS = 4
+EMBEDDINGS = ("tok_embeddings.weight", "output.weight")
+
+
+@dataclass
+class PlannedRun:
+    name: str
+    config: str
+    overrides: dict[str, Any]  # everything on top of the config, steps included
+    values: dict[str, Any]  # what sets this run apart in the recipe (grid point, arm)
+    arm: str | None
+    model_label: str
+    nodes: int
+    gpus_per_node: int
+    params: int
+    params_non_embedding: int
+    active_params: int | None  # MoE: matmul weights one token passes through
+    seq_len: int
+    global_batch: int
+    steps: int
+    tokens: int
+    corpus_tokens: int | None  # one epoch of the training data, when it is a shard dataset
+    flops_per_token: int
+    gpu_hours: float
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def tokens_per_param(self) -> float:
+        return self.tokens / self.params
+
+    def argv(self, run_dir: Path) -> list[str]:
+        """The `gamma_titan.train` arguments (TorchTitan's command line) of this run."""
+        return [*_argv(Path(self.config), self.overrides), "--job.dump_folder", str(run_dir)]
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "world_size": self.world_size, "tokens_per_param": self.tokens_per_param}
+
+
+def _cli(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return repr(value) if isinstance(value, float) else str(value)  # repr: exact, and 1e-12 stays short
+
+
+def _count_params(spec, args) -> tuple[int, int]:
+    import torch
+
+    with torch.device("meta"):
+        model = spec.model_cls(args)
+    total = embeddings = 0
+    for name, p in model.named_parameters():
+        total += p.numel()
+        embeddings += p.numel() if name in EMBEDDINGS else 0
+    return total, total - embeddings
+
+
+def _argv(config: Path, overrides: dict[str, Any]) -> list[str]:
+    return ["--job.config_file", str(config), *[a for k, v in overrides.items() for a in (f"--{k}", _cli(v))]]
+
+
+def plan_run(recipe: Recipe, scale_name: str, run: Run, extra: dict[str, Any] | None = None) -> PlannedRun:
+    """Check one run's config at its world size and count its parameters; `finish`
+    then sets its steps."""
+    from gamma_titan.config import load_job_config
+    from gamma_titan.data.memmap import is_shard_dataset, open_samples
+    from gamma_titan.data.tokenizer import resolve_tokenizer_path
+    from gamma_titan.train import preflight
+
+    model = run.model
+    overrides = {**run.overrides, **(extra or {})}
+    if model.global_batch is not None:
+        overrides["training.global_batch_size"] = model.global_batch
+    try:
+        config = load_job_config(_argv(model.config, overrides))
+        spec, args = preflight(config, world_size=model.world_size)
+    except ConfigError as e:
+        raise ConfigError(f"recipe {recipe.name}, run {run.name}: {e}") from None
+    t = config.training
+    global_batch = t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * model.world_size
+    params, non_embedding = _count_params(spec, args)
+    corpus = None
+    if is_shard_dataset(t.dataset):
+        samples = open_samples(config, "training", t.seq_len, resolve_tokenizer_path(config.model.hf_assets_path))
+        corpus = samples.epoch_samples * t.seq_len
+    active = args.active_params() if hasattr(args, "active_params") else None
+    return PlannedRun(name=run.name, config=str(model.config), overrides=overrides, values=run.values, arm=run.arm,
+                      model_label=model.label, nodes=model.nodes, gpus_per_node=model.gpus_per_node, params=params,
+                      params_non_embedding=non_embedding, active_params=active, seq_len=t.seq_len,
+                      global_batch=global_batch, steps=0, tokens=0, corpus_tokens=corpus,
+                      flops_per_token=args.flops_per_token(t.seq_len), gpu_hours=0.0)
+
+
+def finish(run: PlannedRun, scale: Scale, steps: int) -> None:
+    run.steps = steps
+    run.tokens = steps * run.global_batch * run.seq_len
+    run.gpu_hours = run.flops_per_token * run.tokens / (scale.gpu_peak_tflops * 1e12 * scale.assumed_mfu) / 3600
+    run.overrides["training.steps"] = steps
+    if scale.name == "tiny":
+        every = steps // TINY_MEASUREMENTS
+        run.overrides.update({"validation.freq": every, "gamma.diagnostics.freq": every, "checkpoint.interval": steps})
+
+
+def plan(recipe: Recipe, scale_name: str, extra: dict[str, Any] | None = None,
+         steps_override: int | None = None) -> list[PlannedRun]:
+    """Every run of the recipe at this scale, checked, with its steps. The runs of one model
+    share one step count (the largest any of them needs), so arms and grid points that
+    add parameters (the gate) still see the same data. `steps_override` replaces the
+    budget (a smoke run)."""
+    scale = recipe.scale(scale_name)
+    if steps_override is not None:
+        quarters = scale_name == "tiny" and steps_override % TINY_MEASUREMENTS
+        if not isinstance(steps_override, int) or steps_override < 1 or quarters:
+            raise ConfigError(f"--steps {steps_override}: must be a positive integer"
+                              + (f", a multiple of {TINY_MEASUREMENTS} at the tiny scale" if quarters else ""))
+    runs = recipe.runs(scale_name)
+    names = [r.name for r in runs]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"recipe {recipe.name}: two runs share a name; give the models distinct flavors")
+    planned = [plan_run(recipe, scale_name, r, extra) for r in runs]
+    multiple = STEP_MULTIPLE[scale_name]
+    steps: dict[str, int] = {}
+    for r in planned:
+        budget = scale.tokens if scale.tokens is not None else scale.tokens_per_param * r.params
+        need = multiple * math.ceil(budget / (r.global_batch * r.seq_len) / multiple)
+        steps[r.model_label] = steps_override or max(steps.get(r.model_label, 0), need)
+    for r in planned:
+        finish(r, scale, steps[r.model_label])
+    return planned
+
+
+def format_plan(recipe: Recipe, scale: str, runs: list[PlannedRun]) -> str:
+    lines = [f"recipe {recipe.name} ({recipe.figure}), scale {scale}: {len(runs)} runs"]
+    total_hours = 0.0
+    for r in runs:
+        total_hours += r.gpu_hours
+        corpus = f", {r.tokens / r.corpus_tokens:.3g} epochs of training.dataset" if r.corpus_tokens else ""
+        lines += [
+            f"  {r.name}: {Path(r.config).name}  world {r.world_size} ({r.nodes} node x {r.gpus_per_node})",
+            f"    params {r.params / 1e6:.3g}M ({r.params_non_embedding / 1e6:.3g}M non-embedding"
+            + (f", {r.active_params / 1e6:.3g}M active" if r.active_params else "") + ")"
+            + f"  tokens {r.tokens / 1e6:.4g}M = {r.tokens_per_param:.1f}/param{corpus}",
+            f"    steps {r.steps} x {r.global_batch} seq x {r.seq_len}  ≈ {r.gpu_hours:.3g} GPU-hours",
+            "    overrides " + " ".join(f"--{k} {_cli(v)}" for k, v in r.overrides.items()),
+        ]
+    lines.append(f"total ≈ {total_hours:.4g} GPU-hours (at {recipe.scale(scale).assumed_mfu:.0%} MFU of "
+                 f"{recipe.scale(scale).gpu_peak_tflops:g} TFLOP/s per GPU)")
+    return "\n".join(lines)

@@ -1,0 +1,129 @@
+"""Recipes that train: gamma_sweep at the tiny scale with a CI-sized step budget and its
+report, a failing run that does not stop the others, and the token-level analysis of two
+of the sweep's checkpoints."""
+
+import json
+import re
+from html import unescape
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from helpers import REPO
+from gamma_titan.reports.tokens import delta_sym_p, difficulty_bins
+
+SWEEP_STEPS = 20  # per run; the recipe's own budget is 900 steps (20 tokens per parameter)
+QUICK = ("--validation.steps", "2")  # 2 batches per evaluation, not the whole held-out split
+
+
+def recipe(*args: str, cwd=REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gamma_titan.cli", "recipe", "run", *args],
+                          capture_output=True, text=True, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory, builtin_assets):
+    out = tmp_path_factory.mktemp("recipe") / "gamma_sweep-tiny"
+    done = recipe("gamma_sweep", "--scale", "tiny", "--steps", str(SWEEP_STEPS), "--out", str(out), *QUICK)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out, done.stdout
+
+
+def test_tiny_gamma_sweep_report_lists_every_gamma(sweep):
+    out, stdout = sweep
+    report = (out / "report" / "report.md").read_text()
+    pivot = report.split("**final validation loss**")[1].split("**")[0]
+    rows = re.findall(r"^\| ([0-9.]+) \| ([0-9.]+) \|$", pivot, flags=re.M)
+    assert [float(g) for g, _ in rows] == [0.5, 0.75, 1.0, 1.25, 1.5]
+    for name, gamma in zip(["g0.5", "g0.75", "g1", "g1.25", "g1.5"], [0.5, 0.75, 1.0, 1.25, 1.5]):
+        records = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
+        assert records[-1]["step"] == SWEEP_STEPS
+        val = [r["val_loss"] for r in records if "val_loss" in r]
+        assert len(val) == 5  # step 1 and every quarter
+        row = dict((float(g), float(v)) for g, v in rows)
+        assert row[gamma] == pytest.approx(val[-1], abs=5e-5)  # the table is the run's last validation
+        config = next((out / name / "runs").glob("*/config.toml")).read_text()
+        assert f"init_rate = {gamma}" in config
+    assert "5 of 5 runs finished" in report and "fewer than 20 tokens per parameter" in report
+    for png in ("loss_curves.png", "final_loss.png", "sink_per_layer.png"):
+        assert (out / "report" / png).stat().st_size > 1000
+    assert "finished in" in stdout
+
+
+def test_rerun_skips_finished_runs(sweep):
+    out, _ = sweep
+    before = (out / "g1" / "metrics.jsonl").read_text()
+    done = recipe("gamma_sweep", "--scale", "tiny", "--steps", str(SWEEP_STEPS), "--out", str(out), *QUICK)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("finished before, skipped") == 5 and ": training " not in done.stdout
+    assert (out / "g1" / "metrics.jsonl").read_text() == before
+    other = recipe("gamma_sweep", "--scale", "tiny", "--steps", "8", "--out", str(out), *QUICK)  # another plan
+    assert other.returncode == 2 and "holds recipe gamma_sweep at scale tiny with other runs" in other.stderr
+    assert (out / "g1" / "metrics.jsonl").read_text() == before
+
+
+def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path, builtin_assets):
+    path = tmp_path / "drill.toml"
+    path.write_text('[recipe]\ntitle = "drill"\n[grid]\n"gamma.reliability.inject_kill_at_step" = [3, 0]\n'
+                    '[report]\nrows = "gamma.reliability.inject_kill_at_step"\n'
+                    '[scale.tiny]\ntokens_per_param = 20\nmodels = [{ config = "configs/dense/tiny.toml", '
+                    'flavor = "tiny-32" }]\n[scale.paper]\ntokens = 1e9\nmodels = ["configs/dense/tiny.toml"]\n')
+    out = tmp_path / "out"
+    done = recipe(str(path), "--scale", "tiny", "--steps", "8", "--out", str(out), *QUICK)
+    assert done.returncode == 1
+    assert re.search(r"inject_kill_at_step3: FAILED \(exit \d+\)", done.stdout), done.stdout
+    assert "inject_kill_at_step0: finished" in done.stdout and "1 of 2 runs failed" in done.stdout
+    report = (out / "report" / "report.md").read_text()
+    assert "1 of 2 runs finished" in report and "failed (exit" in report
+
+
+def test_token_analysis_of_two_checkpoints(sweep, tmp_path):
+    out, _ = sweep
+    small = out / "g1" / "checkpoint" / f"step-{SWEEP_STEPS}"
+    std = out / "g0.5" / "checkpoint" / f"step-{SWEEP_STEPS}"
+    report = tmp_path / "tokens"
+    cli = [sys.executable, "-m", "gamma_titan.cli", "report", "tokens", str(small), str(std), "--tokens", "5000",
+           "--out", str(report)]
+    done = subprocess.run([*cli, "--text", "def f(x):\n    return x ** 2  # the square of x"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    result = json.loads((report / "tokens.json").read_text())
+    n = result["tokens"]
+    assert n == (5000 - 1) // 128 * 128  # whole windows of the training seq_len
+    hist = result["delta_sym_p"]["histogram"]
+    assert sum(hist["counts"]) == n and hist["edges"][0] == -1.0 and hist["edges"][-1] == 1.0
+    bins = result["difficulty_bins"]
+    assert len(bins) == 10 and sum(b["count"] for b in bins) == n
+    assert max(b["count"] for b in bins) - min(b["count"] for b in bins) <= 1
+    assert all(a["difficulty_max"] <= b["difficulty_min"] for a, b in zip(bins, bins[1:]))
+    # the mean gain over the bins, weighted by size, is the overall gain
+    assert sum(b["gain_mean"] * b["count"] for b in bins) / n == pytest.approx(result["gain_mean"], abs=1e-9)
+    html = (report / "tokens.html").read_text()
+    assert html.count("<span style=\"background: rgba(") == len(re.findall(r"title=\"gain [+-]", html)) > 5
+    shown = unescape(re.sub(r"<[^>]+>", "", html.split("<pre>")[1].split("</pre>")[0]))
+    assert shown.endswith("return x ** 2  # the square of x")  # every token after the first, in order
+    for name in ("delta_sym_p.png", "gain_by_difficulty.png", "summary.md"):
+        assert (report / name).stat().st_size > 100
+    again = subprocess.run(cli, capture_output=True, text=True, cwd=REPO)  # never overwrites by default
+    assert again.returncode == 2 and "--overwrite" in again.stderr
+
+
+def test_token_analysis_definitions_against_a_naive_loop():
+    rng = np.random.default_rng(1)
+    loss_small, loss_std = rng.exponential(2.0, 1003), rng.exponential(2.0, 1003)
+    p_s, p_t = np.exp(-loss_small), np.exp(-loss_std)
+    dsym = delta_sym_p(p_s, p_t)
+    for i in range(0, 1003, 97):
+        assert dsym[i] == pytest.approx((p_s[i] - p_t[i]) / (p_s[i] + p_t[i]))
+    assert np.all(np.abs(dsym) <= 1) and np.allclose(delta_sym_p(p_t, p_s), -dsym)
+    bins = difficulty_bins(loss_small, loss_std)
+    order = sorted(range(1003), key=lambda i: (loss_small[i] + loss_std[i]) / 2)
+    sizes = [101, 101, 101, 100, 100, 100, 100, 100, 100, 100]
+    start = 0
+    for b, size in zip(bins, sizes):
+        idx = order[start:start + size]
+        start += size
+        assert b["count"] == size
+        assert b["gain_mean"] == pytest.approx(np.mean([loss_std[i] - loss_small[i] for i in idx]))

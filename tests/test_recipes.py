@@ -1,0 +1,182 @@
+"""Recipes: every recipe's plan at both scales, the SLURM scripts, bad input, and the
+scaling-law fit against known laws. (Training runs: test_recipe_runs.py.)"""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gamma_titan.errors import ConfigError
+from gamma_titan.recipes.plan import plan
+from gamma_titan.recipes.run import run_recipe
+from gamma_titan.recipes.spec import available, load_recipe
+from gamma_titan.reports.scaling import PowerLaw, effective_size_gain, fit_power_law
+
+GAMMAS = [0.5, 0.75, 1.0, 1.25, 1.5]
+# recipe -> (runs per scale, {run name: overrides it must carry})
+EXPECTED = {
+    "gamma_sweep": (5, {"g1": {"gamma.init_rate": 1.0, "gamma.norm_eps": 1e-12, "gamma.attention_gate": "elementwise"}}),
+    "eps_ablation": (4, {"g1_eps1e-05": {"gamma.init_rate": 1.0, "gamma.norm_eps": 1e-5, "gamma.attention_gate": "none"},
+                         "g0.5_eps1e-12": {"gamma.init_rate": 0.5, "gamma.norm_eps": 1e-12}}),
+    "gate_ablation": (4, {"g1_gatenone": {"gamma.attention_gate": "none", "gamma.norm_eps": 1e-12},
+                          "g1_gateelementwise": {"gamma.attention_gate": "elementwise", "gamma.init_rate": 1.0}}),
+    "scaling": (8, {}),
+    "moe": (8, {}),
+}
+PAPER_TOKENS = {"gamma_sweep": 36e9, "eps_ablation": 36e9, "gate_ablation": 36e9, "scaling": 36e9, "moe": 100e9}
+
+
+def test_every_recipe_is_covered():
+    assert sorted(EXPECTED) == available()
+
+
+@pytest.mark.parametrize("scale", ["tiny", "paper"])
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_dry_run_lists_the_runs(name, scale, builtin_assets, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert run_recipe(name, scale, dry_run=True, out=str(out), launcher="local" if scale == "tiny" else "slurm") == 0
+    printed = capsys.readouterr().out
+    runs = plan(load_recipe(name), scale)
+    count, must = EXPECTED[name]
+    assert len(runs) == count and len({r.name for r in runs}) == count
+    by_name = {r.name: r for r in runs}
+    for run_name, overrides in must.items():
+        for key, value in overrides.items():
+            assert by_name[run_name].overrides[key] == value, (run_name, key)
+    for r in runs:
+        assert f"  {r.name}: " in printed and f"--training.steps {r.steps}" in printed
+    if name == "gamma_sweep":
+        assert [r.overrides["gamma.init_rate"] for r in runs] == GAMMAS
+    if name == "scaling":  # four sizes x two arms, and the arms are what the paper compares
+        assert len({r.model_label for r in runs}) == 4
+        standard = [r for r in runs if r.arm == "standard"]
+        assert all(r.overrides["gamma.init_rate"] == 0.5 and r.overrides["gamma.attention_gate"] == "none"
+                   for r in standard) and len(standard) == 4
+    if name == "moe":
+        assert {r.arm for r in runs} == {"standard", "adjusted"}
+        assert {r.overrides["gamma.init_rate"] for r in runs} == {0.5, 1.0}
+    for label in {r.model_label for r in runs}:  # one model: one step count, whatever the arm adds
+        assert len({r.steps for r in runs if r.model_label == label}) == 1
+    if scale == "tiny":
+        assert all(r.tokens_per_param >= 20 and r.world_size == 1 for r in runs)
+        assert not out.exists()  # a local dry run writes nothing
+    else:
+        assert all(r.tokens >= PAPER_TOKENS[name] and r.tokens < PAPER_TOKENS[name] * 1.03 for r in runs)
+        assert all(r.world_size % 8 == 0 and r.gpu_hours > 1 for r in runs)
+        scripts = sorted((out / "slurm").glob("*.sbatch"))
+        assert sorted(p.stem for p in scripts) == sorted(by_name)
+        for path in scripts:
+            check_sbatch_script(path, by_name[path.stem], out)
+
+
+def check_sbatch_script(path: Path, run, out: Path) -> None:
+    text = path.read_text()
+    subprocess.run(["bash", "-n", str(path)], check=True)
+    assert f"#SBATCH --nodes={run.nodes}\n" in text and f"#SBATCH --gpus-per-node={run.gpus_per_node}\n" in text
+    assert "#SBATCH --ntasks-per-node=1\n" in text
+    assert 'nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))' in text  # head node from the node list
+    assert '--rdzv_backend=c10d --rdzv_endpoint="$head_node_ip:29500"' in text
+    assert '--rdzv_id="$SLURM_JOB_ID"' in text and '--nnodes="$SLURM_JOB_NUM_NODES"' in text
+    assert f"--nproc_per_node={run.gpus_per_node}" in text
+    assert f"--job.dump_folder {(out / run.name).resolve()}" in text
+    assert f"--training.steps {run.steps}" in text and "-m gamma_titan.train" in text
+    assert (out / run.name).is_dir()  # SLURM opens --output there before the script runs
+
+
+def _fake_sbatch(folder: Path) -> Path:
+    folder.mkdir()
+    script = folder / "sbatch"
+    script.write_text('#!/bin/bash\necho "$@" >> "$(dirname "$0")/calls"\necho "4242;cluster"\n')
+    script.chmod(0o755)
+    return folder
+
+
+def test_slurm_submits_one_job_per_unfinished_run(builtin_assets, tmp_path, monkeypatch):
+    bin_dir = _fake_sbatch(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    out = tmp_path / "out"
+    runs = plan(load_recipe("gate_ablation"), "paper")
+    finished = out / runs[0].name
+    finished.mkdir(parents=True)
+    (finished / "metrics.jsonl").write_text(json.dumps({"step": runs[0].steps, "loss": 2.0}) + "\n")
+    (out / "recipe.json").write_text("{}")  # not this plan: refused, nothing touched
+    with pytest.raises(ConfigError, match="--out"):
+        run_recipe("gate_ablation", "paper", launcher="slurm", out=str(out))
+    (out / "recipe.json").unlink()
+    with pytest.raises(ConfigError, match="not empty"):
+        run_recipe("gate_ablation", "paper", launcher="slurm", out=str(out))
+    (finished / "metrics.jsonl").rename(tmp_path / "metrics.jsonl")
+    finished.rmdir()
+    assert run_recipe("gate_ablation", "paper", launcher="slurm", out=str(out)) == 0
+    calls = (bin_dir / "calls").read_text().splitlines()
+    assert len(calls) == 4 and all(c.startswith("--parsable ") and c.endswith(".sbatch") for c in calls)
+    assert json.loads((out / "slurm" / "jobs.json").read_text()) == {r.name: "4242" for r in runs}
+    # a rerun after one run finished submits the other three only
+    finished.mkdir(exist_ok=True)
+    (tmp_path / "metrics.jsonl").rename(finished / "metrics.jsonl")
+    (bin_dir / "calls").unlink()
+    assert run_recipe("gate_ablation", "paper", launcher="slurm", out=str(out)) == 0
+    assert len((bin_dir / "calls").read_text().splitlines()) == 3
+
+
+def test_slurm_without_sbatch_fails_before_writing(builtin_assets, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match="no sbatch on PATH"):
+        run_recipe("gamma_sweep", "paper", launcher="slurm", out=str(out))
+    assert not out.exists()
+
+
+def test_bad_input_is_one_line_before_anything_is_written(builtin_assets, tmp_path, capsys):
+    from gamma_titan.cli import main
+
+    cases = {
+        "nope": ("recipe 'nope': allowed eps_ablation, gamma_sweep", ["--scale", "tiny"]),
+        "gamma_sweep": ("--steps 6: must be a positive integer, a multiple of 4", ["--scale", "tiny", "--steps", "6"]),
+        "eps_ablation": ("model_args.dim", ["--scale", "tiny", "--model_args.dim", "63"]),
+        "scaling": ("--launcher local: run 0.7B_standard needs 2 nodes", ["--scale", "paper"]),
+    }
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[recipe]\ntitle = "x"\n[grid]\n"gamma.init_rate" = [0.5]\n[scale.tiny]\ntokens = 1e6\n'
+                   'models = ["configs/dense/tiny.toml"]\n[scale.papr]\n')
+    cases[str(bad)] = ("needs [scale.paper]", ["--scale", "tiny"])
+    for name, (message, args) in cases.items():
+        out = tmp_path / f"out-{len(message)}"
+        with pytest.raises(SystemExit) as exit_:
+            main(["recipe", "run", name, *args, "--out", str(out)])
+        stderr = capsys.readouterr().err
+        assert exit_.value.code == 2, stderr
+        assert stderr.count("\n") == 1 and stderr.startswith("error: ") and message in stderr, stderr
+        assert not out.exists()
+
+
+def test_power_law_fit_recovers_a_known_law():
+    rng = np.random.default_rng(0)
+    law = PowerLaw(E=1.69, A=406.4, alpha=0.34)  # Chinchilla's parameter term
+    n = np.geomspace(1e8, 2e9, 6)
+    noisy = law(n) * (1 + 1e-4 * rng.standard_normal(n.size))
+    for points in (law(n), noisy):
+        fit = fit_power_law(n, points)
+        for got, want in ((fit.E, law.E), (fit.A, law.A), (fit.alpha, law.alpha)):
+            assert abs(got / want - 1) < 0.05, (fit, law)
+    exact = fit_power_law(n[:4], law(n[:4]))
+    assert abs(exact.alpha / law.alpha - 1) < 1e-4 and abs(exact.E / law.E - 1) < 1e-5
+    with pytest.raises(ValueError):
+        fit_power_law(n[:2], law(n[:2]))
+
+
+def test_effective_size_gain_between_known_laws():
+    base = PowerLaw(E=2.0, A=50.0, alpha=0.3)
+    # a model that behaves like the baseline at 1.79x its size: the gain is 1.79 at every N
+    better = PowerLaw(E=2.0, A=50.0 * 1.79 ** -0.3, alpha=0.3)
+    for n in (1e6, 1e8, 1e10):
+        assert effective_size_gain(base, better, n) == pytest.approx(1.79, rel=1e-9)
+    # different exponents: the gain follows N_base(L_small(N)) / N, worked by hand
+    steeper = PowerLaw(E=2.0, A=60.0, alpha=0.35)
+    n = 1e8
+    expected = (50.0 / (60.0 * n ** -0.35)) ** (1 / 0.3) / n
+    assert effective_size_gain(base, steeper, n) == pytest.approx(expected, rel=1e-9)
+    assert effective_size_gain(base, PowerLaw(E=1.9, A=1.0, alpha=0.3), 1e12) == float("inf")
