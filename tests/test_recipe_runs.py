@@ -26,7 +26,8 @@ def recipe(*args: str, cwd=REPO) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory, builtin_assets):
     out = tmp_path_factory.mktemp("recipe") / "gamma_sweep-tiny"
-    done = recipe("gamma_sweep", "--scale", "tiny", "--steps", str(SWEEP_STEPS), "--out", str(out), *QUICK)
+    done = recipe("gamma_sweep", "--scale", "tiny", "--steps", str(SWEEP_STEPS), "--out", str(out), "--jobs", "2",
+                  *QUICK)  # two at a time: startup (imports, checks) overlaps
     assert done.returncode == 0, done.stdout + done.stderr
     return out, done.stdout
 
@@ -71,7 +72,7 @@ def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path, builtin_assets)
                     '[scale.tiny]\ntokens_per_param = 20\nmodels = [{ config = "configs/dense/tiny.toml", '
                     'flavor = "tiny-32" }]\n[scale.paper]\ntokens = 1e9\nmodels = ["configs/dense/tiny.toml"]\n')
     out = tmp_path / "out"
-    done = recipe(str(path), "--scale", "tiny", "--steps", "8", "--out", str(out), *QUICK)
+    done = recipe(str(path), "--scale", "tiny", "--steps", "8", "--out", str(out), "--jobs", "2", *QUICK)
     assert done.returncode == 1
     assert re.search(r"inject_kill_at_step3: FAILED \(exit \d+\)", done.stdout), done.stdout
     assert "inject_kill_at_step0: finished" in done.stdout and "1 of 2 runs failed" in done.stdout

@@ -138,6 +138,9 @@ def test_bad_input_is_one_line_before_anything_is_written(builtin_assets, tmp_pa
         "gamma_sweep": ("--steps 6: must be a positive integer, a multiple of 4", ["--scale", "tiny", "--steps", "6"]),
         "eps_ablation": ("model_args.dim", ["--scale", "tiny", "--model_args.dim", "63"]),
         "scaling": ("--launcher local: run 0.7B_standard needs 2 nodes", ["--scale", "paper"]),
+        "gate_ablation": ("--gamma.attention_gate: recipe gate_ablation sets it per run",
+                          ["--scale", "tiny", "--gamma.attention_gate", "none"]),
+        "moe": ("--training.steps: the token budget sets it; use --steps N", ["--scale", "tiny", "--training.steps", "5"]),
     }
     bad = tmp_path / "bad.toml"
     bad.write_text('[recipe]\ntitle = "x"\n[grid]\n"gamma.init_rate" = [0.5]\n[scale.tiny]\ntokens = 1e6\n'

@@ -141,6 +141,12 @@ def plan(recipe: Recipe, scale_name: str, extra: dict[str, Any] | None = None,
         if not isinstance(steps_override, int) or steps_override < 1 or quarters:
             raise ConfigError(f"--steps {steps_override}: must be a positive integer"
                               + (f", a multiple of {TINY_MEASUREMENTS} at the tiny scale" if quarters else ""))
+    varied = set(recipe.grid) | {key for arm in recipe.arms.values() for key in arm}
+    for key in extra or {}:
+        if key in varied:
+            raise ConfigError(f"--{key}: recipe {recipe.name} sets it per run; edit the recipe to change it")
+        if key == "training.steps":
+            raise ConfigError("--training.steps: the token budget sets it; use --steps N for a shorter run")
     runs = recipe.runs(scale_name)
     names = [r.name for r in runs]
     if len(set(names)) != len(names):
