@@ -183,3 +183,35 @@ def test_effective_size_gain_between_known_laws():
     expected = (50.0 / (60.0 * n ** -0.35)) ** (1 / 0.3) / n
     assert effective_size_gain(base, steeper, n) == pytest.approx(expected, rel=1e-9)
     assert effective_size_gain(base, PowerLaw(E=1.9, A=1.0, alpha=0.3), 1e12) == float("inf")
+
+
+def test_report_pivots_every_setting_and_reads_the_latest_attempt(tmp_path):
+    """A synthetic moe-shaped plan (model rows, γ columns, two arms): each cell is its own
+    run's last validation loss, and a restarted run's older lines are dropped."""
+    from gamma_titan.reports.recipe import write_report
+
+    runs, losses = [], {}
+    for model in ("small", "big"):
+        for arm in ("standard", "adjusted"):
+            for gamma in (0.5, 1.0):
+                name = f"{model}_{arm}_g{gamma:g}"
+                losses[name] = round(3 + gamma + (model == "big") + 0.1 * (arm == "adjusted"), 4)
+                runs.append({"name": name, "model_label": model, "arm": arm, "values": {"gamma.init_rate": gamma},
+                             "overrides": {}, "params": 1000, "params_non_embedding": 800 if model == "small" else 1600,
+                             "tokens": 20000, "tokens_per_param": 20.0, "corpus_tokens": None, "steps": 4,
+                             "global_batch": 1, "seq_len": 8})
+                lines = [{"step": 1, "loss": 9.0, "val_loss": 9.0}, {"step": 4, "loss": 1.0, "val_loss": 99.0},
+                         {"step": 2, "loss": 5.0}, {"step": 4, "loss": 4.0, "val_loss": losses[name]}]  # restart at 2
+                (tmp_path / name).mkdir()
+                (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    plan = {"recipe": "moe", "title": "t", "figure": "f", "expect": "e", "scale": "tiny", "grid": {"gamma.init_rate": [0.5, 1.0]},
+            "arms": ["standard", "adjusted"], "report": {"rows": "model", "columns": "gamma.init_rate"}, "runs": runs}
+    (tmp_path / "recipe.json").write_text(json.dumps(plan))
+    text = write_report(tmp_path).read_text()
+    table = text.split("**final validation loss**")[1].split("**")[0]
+    assert "| model, arm | γ = 0.5 | γ = 1 | Δ (second − first) |" in table
+    for model in ("small", "big"):
+        for arm in ("standard", "adjusted"):
+            a, b = losses[f"{model}_{arm}_g0.5"], losses[f"{model}_{arm}_g1"]
+            assert f"| {model}, {arm} | {a:.4f} | {b:.4f} | {b - a:.4f} |" in table
+    assert "8 of 8 runs finished" in text and "99.0" not in text

@@ -92,28 +92,43 @@ def _runs_table(plan: dict[str, Any], runs: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _row_keys(plan: dict[str, Any], runs: list[dict[str, Any]]) -> list[str]:
+    """The pivot's row keys: [report] rows, then whatever else varies and is not a column
+    (moe: model rows, γ columns, and the arm splits each row)."""
+    rows_key, cols_key = plan["report"].get("rows"), plan["report"].get("columns")
+    varying = [*plan["grid"], *(["arm"] if plan["arms"] else []),
+               *(["model"] if len({r["model_label"] for r in runs}) > 1 else [])]
+    return [rows_key, *[k for k in varying if k not in (rows_key, cols_key)]]
+
+
+def _row(run: dict[str, Any], keys: list[str]) -> tuple:
+    return tuple(_value(run, k) for k in keys)
+
+
 def _pivot(plan: dict[str, Any], runs: list[dict[str, Any]], metric: str, title: str, digits: int) -> list[str]:
     rows_key, cols_key = plan["report"].get("rows"), plan["report"].get("columns")
     if not rows_key:
         return []
-    rows = list(dict.fromkeys(_value(r, rows_key) for r in runs))
+    keys = _row_keys(plan, runs)
+    rows = list(dict.fromkeys(_row(r, keys) for r in runs))
     cols = list(dict.fromkeys(_value(r, cols_key) for r in runs)) if cols_key else [None]
-    cell = {(_value(r, rows_key), _value(r, cols_key) if cols_key else None): r["final"][metric] for r in runs}
+    cell = {(_row(r, keys), _value(r, cols_key) if cols_key else None): r["final"][metric] for r in runs}
     if all(v is None for v in cell.values()):
         return []
     col_names = [f"{SHORT.get(cols_key, cols_key)} = {_label(c)}" for c in cols] if cols_key else [title]
     delta = cols_key is not None and len(cols) == 2
-    head = [SHORT.get(rows_key, rows_key), *col_names] + (["Δ (second − first)"] if delta else [])
+    head = [", ".join(SHORT.get(k, k) for k in keys), *col_names] + (["Δ (second − first)"] if delta else [])
     lines = [f"**{title}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         values = [cell.get((row, c)) for c in cols]
-        cells = [_label(row), *[_fmt(v, digits) for v in values]]
+        cells = [", ".join(_label(v) for v in row), *[_fmt(v, digits) for v in values]]
         if delta:
             cells.append(_fmt(values[1] - values[0], digits) if None not in values else "–")
         lines.append("| " + " | ".join(cells) + " |")
     if not cols_key:
         best = min((v, row) for (row, _), v in cell.items() if v is not None)
-        lines += ["", f"Lowest: {SHORT.get(rows_key, rows_key)} = {_label(best[1])} ({_fmt(best[0], digits)})."]
+        lines += ["", f"Lowest: {', '.join(SHORT.get(k, k) for k in keys)} = "
+                      f"{', '.join(_label(v) for v in best[1])} ({_fmt(best[0], digits)})."]
     return lines + [""]
 
 
@@ -190,10 +205,15 @@ def _plot_final(plan: dict[str, Any], runs: list[dict[str, Any]], fits: dict[Any
         if r["final"]["val_loss"] is None:
             continue
         x = r["params_non_embedding"] if by_model else _value(r, rows_key)
-        groups.setdefault(_value(r, cols_key) if cols_key else None, []).append((x, r["final"]["val_loss"]))
+        line_keys = ([cols_key] if cols_key else []) + _row_keys(plan, runs)[1:]  # one line per other setting
+        name = _value(r, cols_key) if line_keys == [cols_key] else (_row(r, line_keys) if line_keys else None)
+        groups.setdefault(name, []).append((x, r["final"]["val_loss"]))
     for name, points in groups.items():
         xs, ys = zip(*sorted(points))
-        label = f"{SHORT.get(cols_key, cols_key)} = {_label(name)}" if cols_key else None
+        if isinstance(name, tuple):
+            label = ", ".join(f"{SHORT.get(k, k)} = {_label(v)}" for k, v in zip(line_keys, name))
+        else:
+            label = f"{SHORT.get(cols_key, cols_key)} = {_label(name)}" if cols_key else None
         line = ax.plot(xs, ys, marker="o", linestyle="" if name in fits else "-", label=label)[0]
         if name in fits:
             grid = np.geomspace(min(xs), max(xs), 100)
@@ -205,7 +225,7 @@ def _plot_final(plan: dict[str, Any], runs: list[dict[str, Any]], fits: dict[Any
     else:
         ax.set_xlabel(SHORT.get(rows_key, rows_key))
     ax.set_ylabel("final validation loss")
-    if cols_key or fits:
+    if any(line.get_label() and not line.get_label().startswith("_") for line in ax.get_lines()):
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
