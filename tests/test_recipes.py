@@ -102,9 +102,10 @@ def test_slurm_submits_one_job_per_unfinished_run(builtin_assets, tmp_path, monk
     finished = out / runs[0].name
     finished.mkdir(parents=True)
     (finished / "metrics.jsonl").write_text(json.dumps({"step": runs[0].steps, "loss": 2.0}) + "\n")
-    (out / "recipe.json").write_text("{}")  # not this plan: refused, nothing touched
-    with pytest.raises(ConfigError, match="--out"):
-        run_recipe("gate_ablation", "paper", launcher="slurm", out=str(out))
+    for text in ("{}", '{"recipe": "gate_ablation", "scale": "paper"}', "[1]", "{not json"):
+        (out / "recipe.json").write_text(text)  # not this plan: refused, nothing touched
+        with pytest.raises(ConfigError, match="--out"):
+            run_recipe("gate_ablation", "paper", launcher="slurm", out=str(out))
     (out / "recipe.json").unlink()
     with pytest.raises(ConfigError, match="not empty"):
         run_recipe("gate_ablation", "paper", launcher="slurm", out=str(out))

@@ -48,9 +48,15 @@ def plan_record(recipe, scale: str, runs: list[PlannedRun]) -> dict[str, Any]:
             "arms": list(recipe.arms), "runs": [r.to_json() for r in runs]}
 
 
-def _same_runs(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    key = lambda rec: [(r["name"], r["config"], r["overrides"]) for r in rec["runs"]]  # noqa: E731
-    return a.get("recipe") == b.get("recipe") and a.get("scale") == b.get("scale") and key(a) == key(b)
+def _same_runs(a: Any, b: dict[str, Any]) -> bool:
+    def key(rec: dict[str, Any]) -> list:
+        runs = rec.get("runs")
+        if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+            return []
+        return [(r.get("name"), r.get("config"), r.get("overrides")) for r in runs]
+
+    return (isinstance(a, dict) and a.get("recipe") == b.get("recipe") and a.get("scale") == b.get("scale")
+            and key(a) == key(b))
 
 
 def check_out(out: Path, record: dict[str, Any]) -> None:
@@ -59,10 +65,14 @@ def check_out(out: Path, record: dict[str, Any]) -> None:
         raise ConfigError(f"--out {out}: exists and is not a folder")
     existing = out / PLAN_FILE
     if existing.is_file():
-        old = json.loads(existing.read_text(encoding="utf-8"))
+        try:
+            old = json.loads(existing.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ConfigError(f"--out {out}: {PLAN_FILE} is unreadable; choose another --out") from None
         if not _same_runs(old, json.loads(json.dumps(record))):
-            raise ConfigError(f"--out {out}: holds recipe {old.get('recipe')} at scale {old.get('scale')} with other "
-                              "runs (the recipe or its overrides changed); choose another --out")
+            what = f"recipe {old.get('recipe')} at scale {old.get('scale')}" if isinstance(old, dict) else "another plan"
+            raise ConfigError(f"--out {out}: holds {what} with other runs (the recipe or its overrides "
+                              "changed); choose another --out")
     elif out.is_dir() and any(out.iterdir()):
         raise ConfigError(f"--out {out}: not empty and holds no {PLAN_FILE}; choose another --out")
 
