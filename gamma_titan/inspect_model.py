@@ -21,6 +21,7 @@ from torch import nn
 
 from gamma_titan.errors import ConfigError
 from gamma_titan.init import ParamInit, gamma_init_, init_plan
+from gamma_titan.models.common.decoder import reset_buffers
 
 EPS_DOMINANCE = 0.1  # ε counts as dominating when ε > 0.1·σ²(h)
 
@@ -66,6 +67,7 @@ class _NormProbe:
 
 def _materialise(module: nn.Module, cfg, rule, prefix: str) -> list[ParamInit]:
     module.to_empty(device="cpu")
+    reset_buffers(module, "cpu")  # MoE expert bias and load counters: garbage after to_empty
     return gamma_init_(module, cfg, rule, prefix)
 
 

@@ -111,7 +111,7 @@ def test_rope_backward_is_the_naive_formulas_gradient():
     """apply_rope has a hand-written backward (the transposed rotation): it must equal
     autograd through the naive formula, in float64 and for a bf16 input."""
     x = torch.randn(2, SEQ, HEADS, HEAD_DIM, dtype=torch.float64, requires_grad=True)
-    cache = rope_cache(HEAD_DIM, SEQ, THETA).double()
+    cache = rope_cache(HEAD_DIM, SEQ, THETA).to(torch.complex128)
     grad = torch.randn_like(x)
     ours, = torch.autograd.grad(apply_rope(x, cache), x, grad)
     naive, = torch.autograd.grad(naive_rope(x), x, grad)

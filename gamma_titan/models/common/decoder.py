@@ -35,12 +35,15 @@ class DecoderLM(ModelProtocol):
         a = self.model_args
         return rope_cache(self.rope_dim, a.max_seq_len, a.rope_theta, device=device)
 
-    def forward(self, tokens: torch.Tensor, attention_masks: None = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, attention_masks: None = None, *, head: bool = True) -> torch.Tensor:
+        """Logits; with `head=False`, the final norm's output instead (for readers of the
+        activations, such as the diagnostics' probe, which need no vocabulary matmul)."""
         h = self.tok_embeddings(tokens)
         rope = self.rope[: tokens.shape[1]]
         for layer in self.layers.values():
             h = layer(h, rope)
-        return self.output(self.norm(h))
+        h = self.norm(h)
+        return self.output(h) if head else h
 
     def get_attention_masks(self, input_batch, tokenizer, extra_inputs=None) -> None:
         """Causal SDPA needs no mask object (TorchTitan's validator asks for one)."""

@@ -21,7 +21,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchtitan.models.moe.moe import MoE, MoEArgs
+from torch.distributed.tensor import DTensor
+from torchtitan.models.moe.moe import GroupedExperts, MoE, MoEArgs, _run_experts_for_loop
 
 
 def tokens_per_expert(expert_indices: torch.Tensor, num_experts: int) -> torch.Tensor:
@@ -131,9 +132,24 @@ def moe_load_metrics(model_parts: list[nn.Module], batch_group=None) -> dict[str
     return metrics
 
 
+class RoutedExperts(GroupedExperts):
+    """TorchTitan's expert stack, with the kernel chosen per call from the input's device:
+    grouped GEMMs (bf16, Triton index padding) for CUDA tensors, the exact fp32 loop over
+    experts for any other. A flag fixed when the model is built would send CPU tensors
+    down the CUDA path on a GPU host (inspect, the startup summary, report tokens, the
+    converters all run the model on the CPU there)."""
+
+    def forward(self, x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cuda":
+            return super().forward(x, num_tokens_per_expert)
+        w1, w2, w3 = (w.to_local() if isinstance(w, DTensor) else w for w in (self.w1, self.w2, self.w3))
+        return _run_experts_for_loop(w1, w2, w3, x, num_tokens_per_expert)
+
+
 class MoELayer(MoE):
     def __init__(self, moe_args: MoEArgs, dim: int, hidden_dim: int, aux_loss_coeff: float = 0.0):
         super().__init__(moe_args, dim=dim, hidden_dim=hidden_dim)
+        self.experts = RoutedExperts(dim, hidden_dim, moe_args.num_experts, use_grouped_mm=True)
         self.router = TokenChoiceRouter(
             dim, moe_args.num_experts, moe_args.top_k, moe_args.score_func,
             moe_args.route_norm, moe_args.route_scale, aux_loss_coeff,

@@ -13,19 +13,25 @@ sin_signed swapped. `_Rotate` does each direction in one allocation and three ke
 saves nothing but the cache. Autograd through the plain formula made four temporaries
 per call: on the CPU, forward and backward took 2.5x TorchTitan's complex-number rotation
 (which needs the interleaved layout), and now take about 1.7x.
+
+The cache is stored as complex64, cos + i·sin_signed. Each block receives it as an
+argument, and FSDP2's mixed-precision policy casts every floating-point argument of a
+wrapped module to the parameter dtype: in bf16, cos and sin of large positions would
+lose all but 8 bits. A complex tensor is not floating point, so it reaches the rotation
+in fp32 (TorchTitan passes its freqs_cis to blocks as complex for the same reason).
 """
 
 import torch
 
 
 def rope_cache(head_dim: int, max_seq_len: int, theta: float, device=None) -> torch.Tensor:
-    """(max_seq_len, 2, head_dim) fp32: cos and sin_signed for every position."""
+    """(max_seq_len, head_dim) complex64: cos + i·sin_signed for every position."""
     if head_dim % 2:
         raise ValueError(f"rotary embedding needs an even head_dim, got {head_dim}")
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
     angles = torch.outer(torch.arange(max_seq_len, device=device, dtype=torch.float32), inv_freq)
     cos, sin = angles.cos(), angles.sin()
-    return torch.stack([torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)], dim=1)
+    return torch.complex(torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1))
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
@@ -54,7 +60,6 @@ class _Rotate(torch.autograd.Function):
 
 
 def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-    """x: (batch, seq, heads, head_dim); rope: the cache sliced to (seq, 2, head_dim)."""
-    cos = rope[:, 0].unsqueeze(1)  # (seq, 1, head_dim), broadcast over heads
-    sin_signed = rope[:, 1].unsqueeze(1)
-    return _Rotate.apply(x, cos, sin_signed)
+    """x: (batch, seq, heads, head_dim); rope: the cache sliced to (seq, head_dim)."""
+    parts = torch.view_as_real(rope).unsqueeze(1)  # (seq, 1, head_dim, 2): broadcast over heads
+    return _Rotate.apply(x, parts[..., 0], parts[..., 1])

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
 from torch import nn
 from torchtitan.models.moe.moe import MoEArgs
 from torchtitan.protocols.model import BaseModelArgs
@@ -73,7 +72,7 @@ class MoEModelArgs(HeadShape, BaseModelArgs):
             route_norm=self.route_norm,
             route_scale=self.route_scale,
             top_k=self.top_k,
-            use_grouped_mm=torch.cuda.is_available(),  # CPU: exact fp32 per-expert loop
+            use_grouped_mm=True,  # on CUDA tensors; RoutedExperts decides per call
             load_balance_coeff=self.load_balance_coeff,
         )
 

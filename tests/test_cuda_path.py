@@ -1,0 +1,115 @@
+"""The branches a CUDA host takes, forced on the CPU.
+
+Every decision that depends on the machine (is a GPU there? which dtype do the blocks
+see?) is taken here the way a GPU node takes it, so that a first cluster run does not
+meet a path no test has walked.
+"""
+
+import json
+
+import pytest
+import torch
+
+import gamma_titan  # noqa: F401
+from helpers import REPO
+from gamma_titan.inspect_model import inspect_model
+from gamma_titan.models.moe import GammaMoE, moe_flavors
+from gamma_titan.train_specs import TRAIN_SPECS
+
+MOE_SPEC = TRAIN_SPECS["gamma_moe"]
+#: Every MoE flavor up to 3B total parameters.
+MOE_FLAVORS = ["debug", "debug_mla", "tiny", "tiny-2x", "1.5B-A0.25B", "1.5B-A0.25B-mla", "3B-A0.5B",
+               "3B-A0.5B-mla"]
+
+
+@pytest.fixture
+def cuda_host(monkeypatch):
+    """What the code sees on a GPU node: CUDA is available (the tensors stay on the CPU)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+
+
+def block_sized(flavor: str):
+    """The flavor's blocks at full size (heads, experts, widths), but one dense and one MoE
+    block and a small vocabulary, so that a 3B flavor runs in seconds."""
+    args = moe_flavors[flavor]
+    if args.n_layers > 4:
+        args.n_layers, args.vocab_size = args.n_dense_layers + 1, 512
+    args.init.seed = 0
+    args.check()
+    return args
+
+
+def moe_numbers(flavor: str) -> tuple[dict, torch.Tensor | None]:
+    """inspect's report (a forward, one block at a time) and, for the small flavors, the
+    logits of a forward of the whole model as the trainer builds it."""
+    args = block_sized(flavor)
+    report = inspect_model(MOE_SPEC, args, 64, seed=0)
+    if report["n_params"] > 50e6:
+        return report, None
+    torch.manual_seed(0)
+    model = GammaMoE(args)
+    model.init_weights()
+    tokens = torch.randint(0, args.vocab_size, (2, 32), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        return report, model(tokens)
+
+
+@pytest.mark.parametrize("flavor", MOE_FLAVORS)
+def test_moe_runs_on_the_cpu_of_a_gpu_host(flavor, monkeypatch):
+    """Hazard 1: the expert kernel is chosen per call from the tensors' device, not from
+    torch.cuda.is_available() when the model is built."""
+    report, logits = moe_numbers(flavor)
+    with monkeypatch.context() as m:
+        m.setattr(torch.cuda, "is_available", lambda: True)
+        forced_report, forced_logits = moe_numbers(flavor)
+    assert forced_report == report
+    assert (logits is None) == (forced_logits is None)
+    assert logits is None or torch.equal(forced_logits, logits)
+
+
+def test_inspect_cli_on_a_gpu_host(cuda_host, capsys):
+    from gamma_titan.cli import main
+
+    for config in ("debug", "debug_mla"):
+        with pytest.raises(SystemExit) as done:
+            main(["inspect", str(REPO / "configs" / "moe" / f"{config}.toml"), "--json"])
+        assert done.value.code == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["model"] == "GammaMoE" and report["residual_flow_ratio"] > 0
+
+
+@pytest.fixture
+def world_of_one(tmp_path):
+    """A gloo process group of one rank in this process (FSDP2 needs one)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_rotary_cache_reaches_blocks_in_fp32_under_bf16_fsdp(world_of_one):
+    """Hazard 11: FSDP2 casts the floating-point arguments of a wrapped block to the
+    parameter dtype; the rotary cache must reach the attention unrounded."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torchtitan.models.llama3.infra.parallelize import apply_fsdp
+
+    from helpers import small_args
+    from gamma_titan.models.dense import GammaDense
+
+    torch.manual_seed(0)
+    args = small_args(n_layers=2, max_seq_len=4096)
+    model = GammaDense(args)
+    model.init_weights()
+    reference = model.rope.clone()
+    apply_fsdp(model, init_device_mesh("cpu", (1,), mesh_dim_names=("fsdp",)), param_dtype=torch.bfloat16,
+               reduce_dtype=torch.float32, pp_enabled=False)
+    seen = []
+    model.layers["1"].attention.register_forward_pre_hook(lambda module, inputs: seen.append(inputs[1]))
+    tokens = torch.randint(0, args.vocab_size, (1, 4096))
+    with torch.no_grad():
+        assert model(tokens).dtype == torch.bfloat16  # the blocks did run in bf16
+    [rope] = seen
+    assert (torch.view_as_real(rope) if rope.is_complex() else rope).dtype == torch.float32
+    assert torch.equal(rope, reference[:4096])
