@@ -55,7 +55,7 @@ def cmd_train(ns, overrides: list[str]) -> int:
     if nproc < 1:
         raise ConfigError(f"--nproc {nproc}: must be >= 1")
     argv = _config_argv(ns.config, overrides)
-    preflight(load_job_config(argv), world_size=nproc)  # fail here, before torchrun starts
+    preflight(load_job_config(argv), world_size=nproc, local_world_size=nproc)  # fail here, before torchrun starts
     from gamma_titan.launch import torchrun_command
 
     command, env = torchrun_command(nproc, argv)
@@ -65,11 +65,12 @@ def cmd_train(ns, overrides: list[str]) -> int:
 
 def cmd_inspect(ns, overrides: list[str]) -> int:
     from gamma_titan.config import load_job_config
-    from gamma_titan.inspect_model import format_report, inspect_model, resolve_model
+    from gamma_titan.inspect_model import format_report, inspect_model, resolve_model, tokens_per_step
 
     config = load_job_config(_config_argv(ns.config, overrides))
     spec, args = resolve_model(config)
     report = inspect_model(spec, args, config.training.seq_len)
+    report["tokens_per_step"] = tokens_per_step(config)
     print(json.dumps(report) if ns.json else format_report(report))
     return 0
 

@@ -169,6 +169,15 @@ def inspect_model(spec, args, seq_len: int, measure: bool = True, probe_batch: i
     return report
 
 
+def tokens_per_step(config) -> dict:
+    """What one optimizer step trains on: pinned by training.global_batch_size, else it
+    grows with the data-parallel degree."""
+    t = config.training
+    if t.global_batch_size > 0:
+        return {"sequences": t.global_batch_size, "seq_len": t.seq_len, "tokens": t.global_batch_size * t.seq_len}
+    return {"sequences": None, "per_rank": t.local_batch_size, "seq_len": t.seq_len, "tokens": None}
+
+
 def format_report(report: dict) -> str:
     """The human-readable form: one line per (group, shape), then the model summary."""
     active = report.get("active_params")
@@ -183,6 +192,13 @@ def format_report(report: dict) -> str:
         "",
         f"{'group':<10} {'shape':<16} {'count':>5} {'fan_in':>7} {'γ':>5} {'target std':>11} {'measured std':>18}",
     ]
+    step = report.get("tokens_per_step")
+    if step is not None and step["tokens"]:
+        lines.insert(2, f"tokens per step: {step['tokens']:,} ({step['sequences']} sequences x {step['seq_len']}, "
+                        "training.global_batch_size: the same on any number of GPUs)")
+    elif step is not None:
+        lines.insert(2, f"tokens per step: {step['per_rank'] * step['seq_len']:,} x data-parallel degree "
+                        f"({step['per_rank']} x {step['seq_len']} per rank; training.global_batch_size = -1)")
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for row in report["params"]:
         groups[(row["group"], tuple(row["shape"]))].append(row)

@@ -13,7 +13,7 @@ import sys
 import gamma_titan  # noqa: F401  (CPU platform shims and TrainSpec registration first)
 from gamma_titan.config import FLOAT8_LINEAR, load_job_config
 from gamma_titan.errors import ConfigError
-from gamma_titan.inspect_model import format_report, inspect_model, resolve_model
+from gamma_titan.inspect_model import format_report, inspect_model, resolve_model, tokens_per_step
 
 #: Above this many parameters the startup summary skips the measured part (it draws
 #: every weight once more on the CPU); `gamma-titan inspect` always measures.
@@ -41,6 +41,12 @@ def check_parallelism(config, world_size: int, args) -> None:
     if p.pipeline_parallel_degree > 1:
         raise ConfigError(f"parallelism.pipeline_parallel_degree = {p.pipeline_parallel_degree}: "
                           f"{config.model.name} supports 1 (no pipeline parallelism)")
+    if p.context_parallel_degree > 1:
+        # TorchTitan's CP shards the sequence and passes positions= to the model; our rotary
+        # cache is sliced by the local length, so each shard would be rotated as if it began
+        # at position 0.
+        raise ConfigError(f"parallelism.context_parallel_degree = {p.context_parallel_degree}: "
+                          f"{config.model.name} supports 1 (no context parallelism)")
     ep = p.expert_parallel_degree
     if ep > 1:
         experts = getattr(args, "n_routed_experts", None)
@@ -76,10 +82,9 @@ def check_parallelism(config, world_size: int, args) -> None:
     if gbs != -1 and (not isinstance(gbs, int) or gbs < per_step or gbs % per_step):
         raise ConfigError(f"training.global_batch_size = {gbs!r}: must be -1 or a multiple of local_batch_size x "
                           f"data-parallel degree = {per_step} (the rest is gradient accumulation)")
-    divisor = p.tensor_parallel_degree * (2 * p.context_parallel_degree if p.context_parallel_degree > 1 else 1)
-    if config.training.seq_len % divisor:
-        raise ConfigError(f"training.seq_len = {config.training.seq_len} must be divisible by {divisor} "
-                          "(tensor parallel degree x 2 x context parallel degree)")
+    if config.training.seq_len % p.tensor_parallel_degree:
+        raise ConfigError(f"training.seq_len = {config.training.seq_len} must be divisible by "
+                          f"parallelism.tensor_parallel_degree = {p.tensor_parallel_degree} (sequence parallelism)")
 
 
 def check_training(config) -> None:
@@ -176,27 +181,94 @@ def check_diagnostics(config, spec, args) -> None:
                                   f"{config.model.name}; e.g. {', '.join(matrices[:4])}, ...")
 
 
-def preflight(config, world_size: int | None = None):
-    """Every check that can run before training starts; returns (spec, model args)."""
+def check_resume(config, args) -> None:
+    """The checkpoint a run would resume from must be a full one of this model. DCP
+    itself reports either problem only after the process group is up, as a raw traceback."""
+    import json
+    from pathlib import Path
+
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from gamma_titan.convert.model_record import MODEL_FILE, model_record
+    from gamma_titan.reliability import checkpoint_steps
+
+    ckpt = config.checkpoint
+    folder = Path(config.job.dump_folder) / ckpt.folder
+    if not ckpt.enable or not folder.is_dir():
+        return
+    complete, _ = checkpoint_steps(folder)
+    step = ckpt.load_step if ckpt.load_step != -1 else (complete[-1] if complete else -1)
+    if step <= 0 or step not in complete:  # none yet, step-0 (a seed: model only), or TorchTitan's own error
+        return
+    if (folder / MODEL_FILE).is_file():
+        saved = json.loads((folder / MODEL_FILE).read_text(encoding="utf-8"))
+        ours = json.loads(json.dumps(model_record(config.model.name, config.model.flavor, args, None)))
+        ignored = ("init", "max_seq_len")  # used at the start only / the rotary cache's length
+        differ = [f"model_args.{k} = {saved['args'].get(k)!r} there, {v!r} here" for k, v in ours["args"].items()
+                  if k not in ignored and saved.get("args", {}).get(k) != v]
+        if saved.get("model") != ours["model"]:
+            differ.insert(0, f"model.name = {saved.get('model')!r} there, {ours['model']!r} here")
+        if differ:
+            raise ConfigError(f"checkpoint.folder: {folder} holds checkpoints of another model ({'; '.join(differ)}); "
+                              "use another job.dump_folder, or the model they were saved with")
+    keys = FileSystemReader(str(folder / f"step-{step}")).read_metadata().state_dict_metadata
+    if not any(key.startswith("train_state") for key in keys):
+        raise ConfigError(
+            f"checkpoint.folder: step-{step} in {folder} holds the model only (checkpoint.last_save_model_only = "
+            f"true), which cannot resume a run; start a new job.dump_folder with --checkpoint.initial_load_path "
+            f"{folder / f'step-{step}'} for its weights, or resume from a full checkpoint (--checkpoint.load_step)")
+
+
+def preflight(config, world_size: int | None = None, local_world_size: int | None = None):
+    """Settings derived from the world size (gamma_titan/derive.py), then every check that
+    can run before training starts; returns (spec, model args). `world_size` defaults to
+    torchrun's WORLD_SIZE, `local_world_size` (GPUs per node) to LOCAL_WORLD_SIZE, else
+    the world size (one node)."""
+    from gamma_titan.derive import derive_settings
+
+    world_size = _world_size() if world_size is None else world_size
+    if local_world_size is None:
+        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     spec, args = resolve_model(config)
+    derive_settings(config, args, world_size, local_world_size)
     check_training(config)
-    check_parallelism(config, _world_size() if world_size is None else world_size, args)
-    check_data(config, args, _world_size() if world_size is None else world_size)
+    check_parallelism(config, world_size, args)
+    check_data(config, args, world_size)
     check_diagnostics(config, spec, args)
+    check_resume(config, args)
     return spec, args
 
 
-def startup_summary(spec, args, config) -> str:
+def startup_summary(spec, args, config, device_type: str) -> str:
+    """The `inspect` report, logged by rank 0 before training. Measuring it draws every
+    weight once more on rank 0's CPU (tens of seconds at 1.5B, while the other ranks
+    wait), so a GPU run, or a big model, gets the static part only: its step-1 live
+    diagnostics measure σ²(h) and the residual flow on the real weights anyway."""
     import torch
 
     with torch.device("meta"):
         n_params = sum(p.numel() for p in spec.model_cls(args).parameters())
-    measure = n_params <= STARTUP_MEASURE_MAX_PARAMS
+    measure = device_type == "cpu" and n_params <= STARTUP_MEASURE_MAX_PARAMS
     report = inspect_model(spec, args, config.training.seq_len, measure=measure)
+    report["tokens_per_step"] = tokens_per_step(config)
     text = format_report(report)
     if not measure:
-        text += "\n(measured std, σ²(h) and residual flow skipped at this size: run `gamma-titan inspect`)"
-    return text
+        why = "on a GPU run" if device_type != "cpu" else "at this size"
+        text += (f"\n(measured std, σ²(h) and residual flow skipped {why}: the live diagnostics measure them "
+                 "at step 1, and `gamma-titan inspect` on the config measures them at init)")
+    return text + "\n" + "\n".join(attention_kernels(args, config, device_type))
+
+
+def attention_kernels(args, config, device_type: str) -> list[str]:
+    """Which SDPA kernel each attention kind will run (a WARNING line for the math kernel,
+    which holds the whole T x T score matrix)."""
+    from torchtitan.config import TORCH_DTYPE_MAP
+
+    from gamma_titan.models.common.sdpa import attention_backend_lines
+
+    dtype = TORCH_DTYPE_MAP[config.training.mixed_precision_param]  # what SDPA sees under FSDP or autocast
+    deterministic = config.debug.deterministic and not config.debug.deterministic_warn_only
+    return attention_backend_lines(args, dtype, device_type, deterministic, seq_len=config.training.seq_len)
 
 
 def single_process_env() -> None:
@@ -252,7 +324,9 @@ def main(argv: list[str] | None = None) -> None:
 
         record = write_run_record(config, _world_size())
         logger.info(f"run record (resolved config, versions, command): {record}")
-        logger.info("gamma-titan model at init:\n" + startup_summary(spec, args, config))
+        from torchtitan.tools.utils import device_type
+
+        logger.info("gamma-titan model at init:\n" + startup_summary(spec, args, config, device_type))
     from gamma_titan.reliability import NonFiniteError
 
     try:

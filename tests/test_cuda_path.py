@@ -113,3 +113,42 @@ def test_rotary_cache_reaches_blocks_in_fp32_under_bf16_fsdp(world_of_one):
     [rope] = seen
     assert (torch.view_as_real(rope) if rope.is_complex() else rope).dtype == torch.float32
     assert torch.equal(rope, reference[:4096])
+
+
+def test_startup_summary_does_not_draw_the_model_on_a_gpu_run(monkeypatch):
+    """Hazard 12: rank 0 logs the model at start-up; on a GPU run it must not draw every
+    weight on its CPU first (the other ranks wait at the first collective meanwhile)."""
+    import gamma_titan.inspect_model as inspect_module
+    from gamma_titan.config import load_job_config
+    from gamma_titan.train import startup_summary
+
+    config = load_job_config(["--job.config_file", str(REPO / "configs" / "dense" / "1.5B.toml")])
+    spec, args = inspect_module.resolve_model(config)
+
+    def no_drawing(*args, **kwargs):
+        raise AssertionError("the startup summary materialised weights on a GPU run")
+
+    monkeypatch.setattr(inspect_module, "_materialise", no_drawing)
+    # the kernel report asks PyTorch's CUDA checks with tensors on the GPU: not here
+    monkeypatch.setattr("gamma_titan.train.attention_kernels", lambda *a: ["attention mha: SDPA kernel (stub)"])
+    text = startup_summary(spec, args, config, "cuda")
+    assert "1,5" in text.splitlines()[0] and "skipped on a GPU run" in text
+    assert "tokens per step: 1,048,576" in text and text.endswith("(stub)")
+    monkeypatch.undo()
+    debug = load_job_config(["--job.config_file", str(REPO / "configs" / "dense" / "debug.toml")])
+    spec, args = inspect_module.resolve_model(debug)
+    text = startup_summary(spec, args, debug, "cpu")
+    assert "residual-flow ratio" in text and "attention mha: SDPA kernel flash_cpu" in text
+
+
+def test_float8_on_an_sm90_host_needs_no_emulation(cuda_host, monkeypatch, builtin_assets):
+    """The pre-flight check takes the GPU's side: real float8 (not emulated) with compile."""
+    from gamma_titan.config import load_job_config
+    from gamma_titan.train import preflight
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    config = load_job_config(["--job.config_file", str(REPO / "configs" / "dense" / "1.5B.toml"),
+                              "--model.converters", "quantize.linear.float8"])
+    preflight(config, world_size=8, local_world_size=8)
+    assert config.compile.enable and not config.quantize.linear.float8.emulate
+    assert "output" in config.quantize.linear.float8.filter_fqns

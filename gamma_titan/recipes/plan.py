@@ -101,7 +101,7 @@ def plan_run(recipe: Recipe, scale_name: str, run: Run, extra: dict[str, Any] | 
         overrides["training.global_batch_size"] = model.global_batch
     try:
         config = load_job_config(_argv(model.config, overrides))
-        spec, args = preflight(config, world_size=model.world_size)
+        spec, args = preflight(config, world_size=model.world_size, local_world_size=model.gpus_per_node)
     except ConfigError as e:
         raise ConfigError(f"recipe {recipe.name}, run {run.name}: {e}") from None
     t = config.training

@@ -8,6 +8,10 @@ qk_nope_head_dim + qk_rope_head_dim and the value width v_head_dim, so the gate 
 GatedAttention) has one channel per value channel: W_g is d -> n_heads·v_head_dim
 (elementwise) or d -> n_heads (headwise). Each low-rank projection is its own linear
 layer, so the γ rule gives it the std of its own d_in.
+
+On CUDA the values are zero-padded to the q/k head dim for SDPA and the output sliced
+back (models/common/sdpa.py), so attention gets a fused kernel (flash needs equal head
+dims); elsewhere SDPA sees the unpadded tensors.
 """
 
 import torch
@@ -17,6 +21,7 @@ from torchtitan.models.attention import ScaledDotProductAttentionWrapper
 
 from .attention import ATTENTION_GATES
 from .rope import apply_rope
+from .sdpa import attend
 
 
 class GatedMLA(nn.Module):
@@ -44,6 +49,9 @@ class GatedMLA(nn.Module):
             self.gate_width = v_head_dim if gate == "elementwise" else 1
             self.gate_proj = nn.Linear(dim, n_heads * self.gate_width, bias=False)
         self.sdpa = ScaledDotProductAttentionWrapper()
+        # Pad the head dims to one for SDPA: None decides per call from the tensors'
+        # device (CUDA pads); tests force True to take the CUDA path on the CPU.
+        self.pad_head_dims: bool | None = None
         # Set by the tensor-parallel plan: every rank holds a slice of the heads, but the
         # rotary key is shared by all heads, so its gradient must be summed over ranks.
         self.tp_mesh = None
@@ -80,7 +88,8 @@ class GatedMLA(nn.Module):
     def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         bs, seqlen, _ = x.shape
         q, k, v = self.qkv(x, rope)
-        out = self.sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+        out = attend(self.sdpa, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                     pad=self.pad_head_dims).transpose(1, 2)  # (bs, seqlen, heads, v_head_dim)
         if self.gate != "none":
             out = out * self.gate_values(x)
         return self.wo(out.reshape(bs, seqlen, -1))

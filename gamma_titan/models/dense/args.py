@@ -17,6 +17,7 @@ from torch import nn
 from torchtitan.protocols.model import BaseModelArgs
 
 from gamma_titan.init import GammaInit
+from gamma_titan.models.common.sdpa import AttentionShape
 from gamma_titan.models.common.shapes import HeadShape, check_gate_and_rope, check_heads, check_positive_ints
 
 
@@ -41,11 +42,21 @@ class DenseModelArgs(HeadShape, BaseModelArgs):
         check_heads(self)
         check_gate_and_rope(self)
 
+    def float8_excluded_fqns(self) -> list[str]:
+        """Linear layers that stay in high precision under float8 training: the output head
+        (the loss is sensitive to it), and the headwise gate (n_heads columns, 8 or 16 per
+        TP rank, which float8's _scaled_mm refuses: it needs multiples of 16)."""
+        return ["output"] + (["attention.gate_proj"] if self.attention_gate == "headwise" else [])
+
     def update_from_config(self, job_config, **kwargs) -> None:
         """Called by TorchTitan's Trainer: apply [model_args] and [gamma] to this flavor."""
         from gamma_titan.config import apply_to_model_args
 
         apply_to_model_args(self, job_config)
+
+    def attention_shapes(self) -> list[AttentionShape]:
+        """The attention kinds of the model in SDPA's numbers (for the start-up kernel report)."""
+        return [AttentionShape("mha", self.head_dim, self.head_dim, self.n_heads, self.kv_heads)]
 
     def matmul_params(self) -> int:
         """Weights that take part in a matmul per token (everything but the embedding

@@ -18,6 +18,7 @@ from torchtitan.protocols.model import BaseModelArgs
 
 from gamma_titan.errors import ConfigError
 from gamma_titan.init import GammaInit
+from gamma_titan.models.common.sdpa import AttentionShape
 from gamma_titan.models.common.shapes import HeadShape, check_gate_and_rope, check_heads, check_positive_ints
 from gamma_titan.models.dense.args import Flavors
 
@@ -63,6 +64,15 @@ class MoEModelArgs(HeadShape, BaseModelArgs):
     @property
     def rope_dim(self) -> int:
         return self.head_dim if self.attention == "mha" else self.qk_rope_head_dim
+
+    def attention_shapes(self) -> list[AttentionShape]:
+        """The attention kinds of the model in SDPA's numbers (for the start-up kernel
+        report): MHA/GQA, or MLA with q/k head dim nope + rope and its own v head dim
+        (keys and values per head)."""
+        if self.attention == "mha":
+            return [AttentionShape("mha", self.head_dim, self.head_dim, self.n_heads, self.kv_heads)]
+        qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+        return [AttentionShape("mla", qk, self.v_head_dim, self.n_heads, self.n_heads)]
 
     def moe_args(self) -> MoEArgs:
         return MoEArgs(
@@ -115,6 +125,11 @@ class MoEModelArgs(HeadShape, BaseModelArgs):
                 f"MLA ranks must compress: model_args.kv_lora_rank = {self.kv_lora_rank} and "
                 f"model_args.q_lora_rank = {self.q_lora_rank} must be < model_args.dim = {self.dim}"
             )
+
+    def float8_excluded_fqns(self) -> list[str]:
+        """The dense model's (output head, headwise gate) and the router: its scores pick
+        the experts, and float8 rounding would reorder near-ties."""
+        return ["output", "moe.router.gate"] + (["attention.gate_proj"] if self.attention_gate == "headwise" else [])
 
     def update_from_config(self, job_config, **kwargs) -> None:
         from gamma_titan.config import apply_to_model_args
