@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
+import os
 import sys
 from pathlib import Path
 
@@ -55,12 +55,13 @@ def cmd_train(ns, overrides: list[str]) -> int:
     if nproc < 1:
         raise ConfigError(f"--nproc {nproc}: must be >= 1")
     argv = _config_argv(ns.config, overrides)
-    preflight(load_job_config(argv), world_size=nproc, local_world_size=nproc)  # fail here, before torchrun starts
+    config = load_job_config(argv)
+    preflight(config, world_size=nproc, local_world_size=nproc)  # fail here, before torchrun starts
     from gamma_titan.launch import torchrun_command
 
-    command, env = torchrun_command(nproc, argv)
+    command, env = torchrun_command(nproc, argv, config.gamma.reliability.stop_grace_seconds)
     print("+ " + " ".join(command), flush=True)
-    return subprocess.call(command, env=env)
+    os.execve(command[0], command, env)  # torchrun takes this process: SIGTERM reaches it directly
 
 
 def cmd_inspect(ns, overrides: list[str]) -> int:

@@ -1,20 +1,56 @@
-"""The torchrun command line that trains a config on this node (`gamma-titan train`, recipes)."""
+"""How a run is launched: the torchrun command line (`gamma-titan train`, recipes, SLURM),
+and how long a stop may take.
+
+A preempted or timed-out job gets SIGTERM; torchrun forwards it to its workers, which
+finish the step in progress, checkpoint it and exit (`gamma.reliability.
+stop_grace_seconds`, gamma_titan/reliability.py). torchrun SIGKILLs the workers
+`--shutdown-timeout` seconds after forwarding (30 by default), and a 7B or 16B save takes
+minutes: every launch we generate gives torchrun the grace period plus a margin, and a
+cluster job's grace period is sized from its checkpoint (state size / write bandwidth).
+"""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
 from gamma_titan.run_record import LAUNCH_COMMAND_ENV
 
+#: torchrun waits this long beyond the trainer's grace period before it SIGKILLs the
+#: workers, so the trainer's own watchdog (exit 143, last checkpoint intact) acts first.
+SHUTDOWN_MARGIN_SECONDS = 60
+#: A full checkpoint per parameter: fp32 weights and AdamW's two fp32 moments.
+CHECKPOINT_BYTES_PER_PARAM = 12
+#: The write bandwidth a cluster job's stop time assumes per node: a conservative share of
+#: a parallel file system under load (every rank writes its own shard).
+WRITE_BYTES_PER_SECOND_PER_NODE = 1e9
 
-def torchrun_command(nproc: int, argv: list[str], threads: int | None = None) -> tuple[list[str], dict[str, str]]:
+
+def save_seconds(params: int, nodes: int) -> float:
+    """Estimated time to write one full checkpoint of a `params`-parameter model."""
+    return params * CHECKPOINT_BYTES_PER_PARAM / (nodes * WRITE_BYTES_PER_SECOND_PER_NODE)
+
+
+def stop_grace_seconds(configured: float, params: int, nodes: int, step_seconds: float) -> int:
+    """The grace period a run needs between SIGTERM and its exit: the step in progress plus
+    a full save, with 50% headroom; never less than the configured one."""
+    return math.ceil(max(configured, 1.5 * (step_seconds + save_seconds(params, nodes))))
+
+
+def shutdown_timeout(grace_seconds: float) -> int:
+    """torchrun's --shutdown-timeout for a run with this grace period."""
+    return math.ceil(grace_seconds) + SHUTDOWN_MARGIN_SECONDS
+
+
+def torchrun_command(nproc: int, argv: list[str], grace_seconds: float,
+                     threads: int | None = None) -> tuple[list[str], dict[str, str]]:
     """torchrun with `nproc` ranks running `gamma_titan.train argv`, and its environment:
     the user's command for the run record, and the CPU threads split between the ranks
-    (or `threads` each)."""
+    (or `threads` each). `grace_seconds`: the run's gamma.reliability.stop_grace_seconds."""
     command = [
         sys.executable, "-m", "torch.distributed.run",
-        "--standalone", f"--nproc_per_node={nproc}",
+        "--standalone", f"--nproc_per_node={nproc}", f"--shutdown-timeout={shutdown_timeout(grace_seconds)}",
         "--local-ranks-filter", "0", "--role", "rank", "--tee", "3",
         "-m", "gamma_titan.train", *argv,
     ]

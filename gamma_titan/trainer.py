@@ -219,6 +219,8 @@ class GammaTrainer(Trainer):
                 checkpointer._should_save = lambda *args, **kwargs: True
             try:
                 save(curr_step, last_step=last_step)
+                if force:  # the process exits next: an async save still in flight must land first
+                    checkpointer._async_wait()
             finally:
                 checkpointer._should_save = should_save
             if record is not None and os.path.isdir(folder):

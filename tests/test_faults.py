@@ -6,14 +6,16 @@
 """
 
 import math
+import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
 import torch
 
-from helpers import QUIET, REPO, read_metrics, run_trainer, trainer_command
+from helpers import DEBUG_TOML, QUIET, REPO, read_metrics, run_trainer, trainer_command
 
 pytestmark = pytest.mark.multiprocess
 
@@ -58,15 +60,9 @@ def test_poisoned_batch_stops_the_run_when_configured(tmp_path, builtin_assets):
     assert_finite_checkpoint(dump / "checkpoint" / "step-2")
 
 
-def sigterm_then_resume(tmp_path, nproc: int) -> None:
-    """One process: SIGTERM to it, then resume. Two: SIGTERM to torchrun, which forwards it
-    to both ranks (torchrun itself then exits 1, as it does for any signal; the ranks exit
-    cleanly)."""
-    dump = tmp_path / "run"
-    command, env = trainer_command(dump, *FAST, "--checkpoint.enable", "true", "--checkpoint.interval", "1000",
-                                   "--training.steps", "400", nproc=nproc)
-    log = tmp_path / "log.txt"  # a file, not a pipe: nobody reads a pipe while training runs
-    with open(log, "w") as sink:
+def sigterm_after_three_steps(command: list[str], env: dict, dump, log, timeout: int = 120) -> tuple[int, str]:
+    """Start a run, SIGTERM it once three steps are logged, wait; (exit code, log text)."""
+    with open(log, "w") as sink:  # a file, not a pipe: nobody reads a pipe while training runs
         proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True)
         try:
             deadline = time.monotonic() + 300
@@ -74,11 +70,21 @@ def sigterm_then_resume(tmp_path, nproc: int) -> None:
                 assert proc.poll() is None and time.monotonic() < deadline, "the run ended before it was stopped"
                 time.sleep(0.2)
             proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=120)
+            proc.wait(timeout=timeout)
         finally:
             proc.kill()
-    out = log.read_text()
-    assert proc.returncode == (0 if nproc == 1 else 1), out[-3000:]
+    return proc.returncode, log.read_text()
+
+
+def sigterm_then_resume(tmp_path, nproc: int, *extra: str) -> None:
+    """One process: SIGTERM to it, then resume. Two: SIGTERM to torchrun, which forwards it
+    to both ranks (torchrun itself then exits 1, as it does for any signal; the ranks exit
+    cleanly)."""
+    dump = tmp_path / "run"
+    command, env = trainer_command(dump, *FAST, "--checkpoint.enable", "true", "--checkpoint.interval", "1000",
+                                   "--training.steps", "400", *extra, nproc=nproc)
+    code, out = sigterm_after_three_steps(command, env, dump, tmp_path / "log.txt")
+    assert code == (0 if nproc == 1 else 1), out[-3000:]
     last = read_metrics(dump)[-1]["step"]
     assert 3 <= last < 400
     assert complete_steps(dump) == ([last], [])
@@ -87,9 +93,39 @@ def sigterm_then_resume(tmp_path, nproc: int) -> None:
     if nproc > 1:
         return  # 2-rank resumes are tested in tests/test_faults_distributed.py
     run_trainer(dump, *FAST, "--checkpoint.enable", "true", "--checkpoint.interval", "1000",
-                "--training.steps", str(last + 2))
+                "--training.steps", str(last + 2), *extra)
     assert [r["step"] for r in read_metrics(dump)][-3:] == [last, last + 1, last + 2]
 
 
 def test_sigterm_checkpoints_the_current_step_and_the_run_resumes(tmp_path, builtin_assets):
     sigterm_then_resume(tmp_path, nproc=1)
+
+
+def test_sigterm_waits_for_an_async_checkpoint_in_flight(tmp_path, builtin_assets):
+    """checkpoint.async_mode = "async": the SIGTERM save is written in the background, and
+    the run must not exit before it is complete."""
+    sigterm_then_resume(tmp_path, 1, "--checkpoint.async_mode", "async")
+
+
+SAVE_DELAY = 40  # seconds: more than torchrun's default 30 s between its SIGTERM and SIGKILL
+
+
+def test_sigterm_under_torchrun_survives_a_save_slower_than_30_seconds(tmp_path, builtin_assets):
+    """Hazard 3: `gamma-titan train` gives torchrun a --shutdown-timeout of the grace period
+    plus a margin, so a checkpoint that takes longer than torchrun's default 30 s to write
+    (as a 7B save does) still completes after SIGTERM, and the run resumes from it."""
+    dump = tmp_path / "run"
+    run = (*FAST, "--checkpoint.enable", "true", "--checkpoint.interval", "1000")
+    command = [sys.executable, "-m", "gamma_titan.cli", "train", str(DEBUG_TOML), "--nproc", "1",
+               "--job.dump_folder", str(dump), *run, "--training.steps", "400",
+               "--experimental.custom_import", "slow_checkpoint_write"]
+    scripts = str(REPO / "tests" / "scripts")
+    env = {**os.environ, "GAMMA_TITAN_TEST_SAVE_DELAY": str(SAVE_DELAY), "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [scripts, os.environ.get("PYTHONPATH")]))}
+    code, out = sigterm_after_three_steps(command, env, dump, tmp_path / "log.txt", timeout=SAVE_DELAY + 120)
+    assert "--shutdown-timeout=360" in out and f"waiting {SAVE_DELAY} s before .metadata" in out, out[-3000:]
+    last = read_metrics(dump)[-1]["step"]
+    assert complete_steps(dump) == ([last], []), out[-3000:]
+    assert f"SIGTERM: checkpointed step {last}" in out
+    run_trainer(dump, *run, "--training.steps", str(last + 2))
+    assert [r["step"] for r in read_metrics(dump)][-3:] == [last, last + 1, last + 2]

@@ -2,6 +2,7 @@
 scaling-law fit against known laws. (Training runs: test_recipe_runs.py.)"""
 
 import json
+import math
 import os
 import subprocess
 from pathlib import Path
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from gamma_titan.errors import ConfigError
+from gamma_titan.launch import SHUTDOWN_MARGIN_SECONDS, save_seconds
 from gamma_titan.recipes.plan import plan
 from gamma_titan.recipes.run import run_recipe
 from gamma_titan.recipes.spec import available, load_recipe
@@ -84,6 +86,21 @@ def check_sbatch_script(path: Path, run, out: Path) -> None:
     assert f"--job.dump_folder {(out / run.name).resolve()}" in text
     assert f"--training.steps {run.steps}" in text and "-m gamma_titan.train" in text
     assert (out / run.name).is_dir()  # SLURM opens --output there before the script runs
+    # The stop (hazard 3): the grace period covers the step and an estimated full save; torchrun
+    # waits for it before SIGKILL, and SLURM's SIGTERM comes that much before the time limit.
+    grace = run.stop_grace_seconds
+    assert grace >= 1.5 * save_seconds(run.params, run.nodes) and grace >= 300
+    assert f"#SBATCH --signal=TERM@{math.ceil(grace) + SHUTDOWN_MARGIN_SECONDS}\n" in text
+    assert f"--shutdown-timeout={math.ceil(grace) + SHUTDOWN_MARGIN_SECONDS} " in text
+
+
+def test_stop_grace_covers_the_save_of_a_big_model():
+    from gamma_titan.launch import shutdown_timeout, stop_grace_seconds
+
+    assert save_seconds(16_000_000_000, nodes=1) == 192.0  # 12 bytes per parameter at 1 GB/s
+    assert stop_grace_seconds(300, 16_000_000_000, nodes=1, step_seconds=20) == 318  # 1.5 x (20 + 192)
+    assert stop_grace_seconds(300, 1_000_000_000, nodes=4, step_seconds=2) == 300  # the configured one
+    assert shutdown_timeout(318) == 318 + SHUTDOWN_MARGIN_SECONDS
 
 
 def _fake_sbatch(folder: Path) -> Path:

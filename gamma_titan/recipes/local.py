@@ -65,7 +65,7 @@ def _train(run: PlannedRun, run_dir: Path, threads: int | None, children: _Child
     from gamma_titan.launch import torchrun_command
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    command, env = torchrun_command(run.gpus_per_node, run.argv(run_dir), threads)
+    command, env = torchrun_command(run.gpus_per_node, run.argv(run_dir), run.stop_grace_seconds, threads)
     start = time.monotonic()
     with open(run_dir / LOG_FILE, "a", encoding="utf-8") as log:  # a rerun appends
         log.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(command)}\n")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gamma_titan.errors import ConfigError
+from gamma_titan.launch import stop_grace_seconds
 from gamma_titan.recipes.spec import Recipe, Run, Scale
 
 STEP_MULTIPLE = {"tiny": 100, "paper": 1000}
@@ -46,6 +47,7 @@ class PlannedRun:
     corpus_tokens: int | None  # one epoch of the training data, when it is a shard dataset
     flops_per_token: int
     gpu_hours: float
+    stop_grace_seconds: float  # between SIGTERM and exit: the step in progress and a full save (launch.py)
 
     @property
     def world_size(self) -> int:
@@ -116,7 +118,8 @@ def plan_run(recipe: Recipe, scale_name: str, run: Run, extra: dict[str, Any] | 
                       model_label=model.label, nodes=model.nodes, gpus_per_node=model.gpus_per_node, params=params,
                       params_non_embedding=non_embedding, active_params=active, seq_len=t.seq_len,
                       global_batch=global_batch, steps=0, tokens=0, corpus_tokens=corpus,
-                      flops_per_token=args.flops_per_token(t.seq_len), gpu_hours=0.0)
+                      flops_per_token=args.flops_per_token(t.seq_len), gpu_hours=0.0,
+                      stop_grace_seconds=config.gamma.reliability.stop_grace_seconds)
 
 
 def finish(run: PlannedRun, scale: Scale, steps: int) -> None:
@@ -124,6 +127,11 @@ def finish(run: PlannedRun, scale: Scale, steps: int) -> None:
     run.tokens = steps * run.global_batch * run.seq_len
     run.gpu_hours = run.flops_per_token * run.tokens / (scale.gpu_peak_tflops * 1e12 * scale.assumed_mfu) / 3600
     run.overrides["training.steps"] = steps
+    configured = run.stop_grace_seconds
+    step_seconds = run.gpu_hours * 3600 / run.world_size / steps
+    run.stop_grace_seconds = stop_grace_seconds(configured, run.params, run.nodes, step_seconds)
+    if run.stop_grace_seconds > configured:
+        run.overrides["gamma.reliability.stop_grace_seconds"] = run.stop_grace_seconds
     if scale.name == "tiny":
         every = steps // TINY_MEASUREMENTS
         run.overrides.update({"validation.freq": every, "gamma.diagnostics.freq": every, "checkpoint.interval": steps})

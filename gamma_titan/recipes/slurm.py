@@ -3,8 +3,9 @@
 Each job starts one torchrun per node (srun, one task per node) with a c10d rendezvous on
 the first node of the allocation; nodes and GPUs per node come from the run. SLURM's time
 limit sends SIGTERM early (`--signal`), which the trainer turns into a checkpoint and a
-clean exit (gamma.reliability.stop_grace_seconds), and a resubmitted job resumes from
-it. Scripts go to OUT/slurm/, and the job's log next to the run's metrics.
+clean exit (gamma.reliability.stop_grace_seconds, sized by the plan to cover the run's
+estimated save time), torchrun waits for it (`--shutdown-timeout`), and a resubmitted job
+resumes from it (gamma_titan/launch.py). Scripts go to OUT/slurm/, and the job's log next to the run's metrics.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ import sys
 from pathlib import Path
 
 from gamma_titan.errors import ConfigError
+from gamma_titan.launch import save_seconds, shutdown_timeout
 from gamma_titan.recipes.plan import PlannedRun
 from gamma_titan.recipes.spec import PROJECT_ROOT, Scale
 
 RDZV_PORT = 29500
-SIGNAL_SECONDS = 360  # SIGTERM this long before the time limit: grace period (300 s) + margin
 
 
 def _time_limit(run: PlannedRun, scale: Scale) -> str:
@@ -36,13 +37,15 @@ def sbatch_script(run: PlannedRun, scale: Scale, run_dir: Path, recipe: str) -> 
     return f"""#!/bin/bash
 # gamma-titan recipe {recipe}, scale {scale.name}, run {run.name}: {run.steps} steps,
 # {run.tokens / 1e9:.4g}B tokens, ≈ {run.gpu_hours:.4g} GPU-hours. Written by `gamma-titan recipe run`.
+# Stop: SIGTERM {shutdown_timeout(run.stop_grace_seconds)} s before the time limit; the trainer finishes its step and
+# saves (≈ {save_seconds(run.params, run.nodes):.0f} s estimated) within {run.stop_grace_seconds:g} s; torchrun waits as long.
 #SBATCH --job-name=gt-{recipe}-{run.name}
 #SBATCH --nodes={run.nodes}
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node={run.gpus_per_node}
 #SBATCH --exclusive
 #SBATCH --time={_time_limit(run, scale)}
-#SBATCH --signal=TERM@{SIGNAL_SECONDS}
+#SBATCH --signal=TERM@{shutdown_timeout(run.stop_grace_seconds)}
 #SBATCH --output={run_dir}/slurm-%j.out
 #SBATCH --open-mode=append
 set -euo pipefail
@@ -58,6 +61,7 @@ mkdir -p {shlex.quote(str(run_dir))}
 
 srun --kill-on-bad-exit=1 "$PYTHON" -m torch.distributed.run \\
     --nnodes="$SLURM_JOB_NUM_NODES" --nproc_per_node={run.gpus_per_node} \\
+    --shutdown-timeout={shutdown_timeout(run.stop_grace_seconds)} \\
     --rdzv_id="$SLURM_JOB_ID" --rdzv_backend=c10d --rdzv_endpoint="$head_node_ip:{RDZV_PORT}" \\
     --local-ranks-filter=0 --role=rank --tee=3 \\
     {train}
