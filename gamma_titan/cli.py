@@ -66,12 +66,16 @@ def cmd_train(ns, overrides: list[str]) -> int:
 
 def cmd_inspect(ns, overrides: list[str]) -> int:
     from gamma_titan.config import load_job_config
+    from torchtitan.tools.utils import device_type
+
     from gamma_titan.inspect_model import format_report, inspect_model, resolve_model, tokens_per_step
+    from gamma_titan.train import attention_kernels
 
     config = load_job_config(_config_argv(ns.config, overrides))
     spec, args = resolve_model(config)
     report = inspect_model(spec, args, config.training.seq_len)
     report["tokens_per_step"] = tokens_per_step(config)
+    report["attention_kernels"] = attention_kernels(args, config, device_type)  # on this machine's accelerator
     print(json.dumps(report) if ns.json else format_report(report))
     return 0
 

@@ -229,4 +229,5 @@ def format_report(report: dict) -> str:
                 "WARNING: RMSNorm is ε-dominated at init: it no longer sees the scale of h, which "
                 "masks the effect of small init (paper §2.1). Lower gamma.norm_eps (e.g. 1e-12)."
             )
+    lines += report.get("attention_kernels", [])
     return "\n".join(lines)

@@ -27,9 +27,11 @@ import signal
 import threading
 from collections import deque
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torchtitan.tools.logging import logger
 
 STEP_FOLDER = re.compile(r"^step-(\d+)$")
@@ -142,6 +144,31 @@ class StepGuard:
         return False
 
 
+class StepVerdict(NamedTuple):
+    loss: float  # the step's global loss (the mean over every data-parallel rank's tokens)
+    grad_norm: float  # the global gradient norm (0 when clipping did not compute one)
+    stop: bool  # some rank got SIGTERM: every rank stops after this step
+
+
+def step_verdict(loss: torch.Tensor, grad_norm: torch.Tensor | None, stop_requested: bool,
+                 counts_loss: bool = True) -> StepVerdict:
+    """What every rank must agree on before it applies a step's update, in one all-reduce
+    over the world and one device-to-host copy (each `.item()` would be a host sync that
+    stalls the GPU queue). `loss` is this rank's share of the global mean loss;
+    `counts_loss` is False on all but one rank of each group holding the same loss
+    (tensor-parallel peers). `grad_norm` is global already (clipping reduces it)."""
+    device = loss.device
+    votes = torch.stack([loss.detach().float() * (1.0 if counts_loss else 0.0),
+                         torch.tensor(1.0 if stop_requested else 0.0, device=device)])
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(votes)
+    norm = grad_norm.detach().float().reshape(1) if grad_norm is not None else torch.zeros(1, device=device)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    total, stops, norm_value = torch.cat([votes, norm.to(device)]).tolist()
+    return StepVerdict(total, norm_value, stops > 0)
+
+
 # --- graceful stop -------------------------------------------------------------------------
 
 
@@ -180,12 +207,3 @@ class GracefulStop:
             logger.error(f"SIGTERM: no clean stop within gamma.reliability.stop_grace_seconds = "
                          f"{self.grace_seconds:g}; exiting without a new checkpoint")
             os._exit(self.EXIT_TIMEOUT)
-
-    def agreed(self, device) -> bool:
-        """Whether any rank was asked to stop (a collective when distributed, so every rank
-        stops after the same step)."""
-        if not (dist.is_initialized() and dist.get_world_size() > 1):
-            return self.requested
-        flag = torch.tensor(1.0 if self.requested else 0.0, device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return flag.item() > 0

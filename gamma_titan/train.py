@@ -251,12 +251,13 @@ def startup_summary(spec, args, config, device_type: str) -> str:
     measure = device_type == "cpu" and n_params <= STARTUP_MEASURE_MAX_PARAMS
     report = inspect_model(spec, args, config.training.seq_len, measure=measure)
     report["tokens_per_step"] = tokens_per_step(config)
+    report["attention_kernels"] = attention_kernels(args, config, device_type)
     text = format_report(report)
     if not measure:
         why = "on a GPU run" if device_type != "cpu" else "at this size"
         text += (f"\n(measured std, σ²(h) and residual flow skipped {why}: the live diagnostics measure them "
                  "at step 1, and `gamma-titan inspect` on the config measures them at init)")
-    return text + "\n" + "\n".join(attention_kernels(args, config, device_type))
+    return text
 
 
 def attention_kernels(args, config, device_type: str) -> list[str]:

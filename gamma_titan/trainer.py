@@ -35,6 +35,7 @@ from gamma_titan.reliability import (
     parameters_finite,
     purge_keeping_complete,
     report_incomplete_checkpoints,
+    step_verdict,
 )
 
 
@@ -103,12 +104,19 @@ class GammaTrainer(Trainer):
         return loss
 
     def _check_step(self) -> bool:
-        """The step's global loss and gradient norm (one host sync), through the guard."""
+        """The step's verdict, agreed by every rank with one collective and one host sync
+        (reliability.step_verdict): its global loss and gradient norm through the guard,
+        and whether any rank got SIGTERM (then all stop after this step)."""
         loss = torch.stack(self._step_losses).sum()
         self._step_losses.clear()
-        loss_mesh = self.parallel_dims.get_optional_mesh("loss") if self.parallel_dims.dp_cp_enabled else None
-        loss_value = dist_utils.dist_sum(loss, loss_mesh) if loss_mesh is not None else loss.item()
-        norm_value = self._grad_norm.item() if self._grad_norm is not None else 0.0  # same on every rank
+        tp = self.parallel_dims.get_optional_mesh("tp")
+        verdict = step_verdict(loss, self._grad_norm, self.graceful_stop.requested,
+                               counts_loss=tp is None or tp.get_local_rank() == 0)
+        loss_value, norm_value = verdict.loss, verdict.grad_norm
+        if verdict.stop and not self.stopping:
+            self.stopping = True
+            if not self.job_config.checkpoint.enable:
+                logger.warning("SIGTERM with checkpoint.enable = false: stopping without a checkpoint")
         apply = self.guard.check(self.step, norm_value, loss_value)
         events = {}
         if not apply:
@@ -248,10 +256,6 @@ class GammaTrainer(Trainer):
         if self.diagnostics is not None and diagnostics_due(self.job_config.gamma.diagnostics, self.step):
             metrics, maps = self.diagnostics.measure(self.step, with_images=self.metrics_processor.has_image_logger)
             self.metrics_processor.log_diagnostics(self.step, metrics, maps)
-        if self.graceful_stop.agreed(self.device):
-            self.stopping = True
-            if not self.job_config.checkpoint.enable:
-                logger.warning("SIGTERM with checkpoint.enable = false: stopping without a checkpoint")
 
     def should_continue_training(self) -> bool:
         return not self.stopping and super().should_continue_training()

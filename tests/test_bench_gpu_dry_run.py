@@ -14,12 +14,12 @@ from helpers import REPO
 pytestmark = pytest.mark.multiprocess
 
 GPU_BENCH = REPO / "tools" / "bench" / "gpu.py"
-VARIANTS = ["gamma_bf16", "gamma_float8", "llama3_bf16", "gamma_none_bf16"]
+VARIANTS = ["gamma_bf16", "gamma_none_bf16", "llama3_bf16", "gamma_float8", "gamma_diag_bf16"]
 
 
 def test_dry_run_reports_every_variant_and_never_overwrites(tmp_path, builtin_assets):
     out = tmp_path / "bench.json"
-    cmd = [sys.executable, str(GPU_BENCH), "--dry-run", "--variants", *VARIANTS, "--out", str(out)]
+    cmd = [sys.executable, str(GPU_BENCH), "--dry-run", "--out", str(out)]  # the default set: every variant
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -40,7 +40,10 @@ def test_dry_run_reports_every_variant_and_never_overwrites(tmp_path, builtin_as
     ratios = report["ratios"]
     assert ratios["gamma (no gate) / llama3 tokens/s"] == pytest.approx(
         report["variants"]["gamma_none_bf16"]["tokens_per_s"] / report["variants"]["llama3_bf16"]["tokens_per_s"])
-    assert len(ratios) == 4
+    assert len(ratios) == 5
+    diag = report["variants"]["gamma_diag_bf16"]
+    step_s = report["batch"] * report["seq_len"] / diag["tokens_per_s"]
+    assert ratios["diagnostics on / off time at freq 100"] == pytest.approx(1 + diag["diagnostics_s"] / (100 * step_s))
     assert proc.stdout.strip().splitlines()[-1].startswith("ratio ")
     logs = tmp_path / "bench_logs"
     assert "Swapped to Float8Linear" in (logs / "gamma_float8.log").read_text()

@@ -22,6 +22,7 @@ EXPECTED_RATIOS = {  # script -> how many ratio lines, at the end of its output
     "compile_speedup.py": 1,
     "data_loader.py": 2,
     "diagnostics_overhead.py": 1,
+    "step_guard.py": 1,
 }
 
 

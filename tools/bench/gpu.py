@@ -9,9 +9,12 @@ torch.compile, selective activation checkpointing, seq 4096, data from the built
 shards), in its own process:
 
   (a) gamma_bf16      gamma_dense 1.5B, γ = 1, ε = 1e-12, elementwise gate
-  (b) gamma_float8    (a) with float8 linears (torchao, tensorwise scaling; output head in bf16)
+  (b) gamma_none_bf16 (a) without the gate: the like-for-like partner of (c)
   (c) llama3_bf16     TorchTitan's llama3 model at the identical shape (no gate)
-  (d) gamma_none_bf16 (a) without the gate: the like-for-like partner of (c) (--variants to add)
+  (d) gamma_float8    (a) with float8 linears (torchao, tensorwise scaling; the layers the
+                      model keeps in bf16: gamma_titan/derive.py)
+  (e) gamma_diag_bf16 (a) with the live diagnostics every 10 steps: their cost per
+                      measurement, extrapolated to the default freq = 100
 
 From each run's metrics.jsonl, over the steps after `--warmup` (compilation, allocator
 warm-up): median tokens/s, TFLOP/s and MFU as the trainer logs them (FLOPs per token
@@ -41,12 +44,14 @@ VARIANTS = {
     "gamma_bf16": ("gamma_dense", ["--gamma.attention_gate", "elementwise"]),
     "gamma_float8": ("gamma_dense", ["--gamma.attention_gate", "elementwise",
                                      "--model.converters", "quantize.linear.float8",
-                                     "--quantize.linear.float8.recipe_name", "tensorwise",
-                                     "--quantize.linear.float8.filter_fqns", "output"]),
+                                     "--quantize.linear.float8.recipe_name", "tensorwise"]),
     "llama3_bf16": (REFERENCE_MODEL, []),
     "gamma_none_bf16": ("gamma_dense", ["--gamma.attention_gate", "none"]),
+    "gamma_diag_bf16": ("gamma_dense", ["--gamma.attention_gate", "elementwise", "--gamma.diagnostics.enable", "true",
+                                        "--gamma.diagnostics.freq", "10"]),
 }
-DEFAULT_VARIANTS = ["gamma_bf16", "gamma_float8", "llama3_bf16"]
+DEFAULT_VARIANTS = list(VARIANTS)
+DEFAULT_DIAGNOSTICS_FREQ = 100  # gamma_titan.config.Diagnostics.freq
 RATIOS = [  # (name, numerator, denominator)
     ("float8 / bf16 tokens/s (gamma, gate on)", "gamma_float8", "gamma_bf16"),
     ("gamma (gate on) / llama3 tokens/s", "gamma_bf16", "llama3_bf16"),
@@ -134,7 +139,16 @@ def summarize(dump: Path, warmup: int) -> dict:
         "peak_active_gib": max(r.get("memory/max_active(GiB)", 0.0) for r in records),
         "peak_reserved_gib": max(r.get("memory_gib", 0.0) for r in records),
         "final_loss": steps[-1].get("loss"), "timed_steps": len(steps),
+        "diagnostics_s": _diagnostics_seconds(records),
     }
+
+
+def _diagnostics_seconds(records: list[dict]) -> float | None:
+    """Median time of one live-diagnostics measurement: the warm ones (after step 1's cold
+    start) when the run had any."""
+    timed = [(r["step"], r["gamma/diagnostics_seconds"]) for r in records if "gamma/diagnostics_seconds" in r]
+    warm = [t for step, t in timed if step > 1] or [t for _, t in timed]
+    return statistics.median(warm) if warm else None
 
 
 def check_device(dry_run: bool) -> str:
@@ -158,8 +172,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=10, help="steps left out of the medians")
-    parser.add_argument("--variant-timeout", type=int, default=150,
-                        help="seconds per variant (3 x 150 s keeps the default run within 8 minutes)")
+    parser.add_argument("--variant-timeout", type=int, default=95,
+                        help="seconds per variant (5 x 95 s keeps the default run within 8 minutes)")
     parser.add_argument("--out", default="bench_gpu.json")
     parser.add_argument("--dry-run", action="store_true",
                         help="debug shape, 4 steps, no compile, float8 emulated: runs on the CPU")
@@ -209,6 +223,11 @@ def main(argv: list[str] | None = None) -> dict:
         key = "peak_active_gib" if "memory" in label else "tokens_per_s"
         if ra.get(key) and rb.get(key):
             ratios[label] = ra[key] / rb[key]
+    diag = results.get("gamma_diag_bf16", {})
+    if diag.get("diagnostics_s") and diag.get("tokens_per_s"):  # one measurement over freq steps' time
+        step_s = ns.batch * ns.seq_len / diag["tokens_per_s"]
+        ratios[f"diagnostics on / off time at freq {DEFAULT_DIAGNOSTICS_FREQ}"] = (
+            1 + diag["diagnostics_s"] / (DEFAULT_DIAGNOSTICS_FREQ * step_s))
     report = {"device": device, "dry_run": ns.dry_run, "batch": ns.batch, "seq_len": ns.seq_len,
               "steps": ns.steps, "warmup": ns.warmup, "variants": results, "ratios": ratios}
     out.write_text(json.dumps(report, indent=2) + "\n")

@@ -1,0 +1,260 @@
+"""The GPU acceptance check: what a first cluster run relies on, tried on one H100/H200
+through the real CLI (`gamma-titan inspect` / `gamma-titan train`).
+
+    bash tools/gpu_check.sh [--out gpu_check.json]   # <= 8 minutes, offline, installs nothing
+    python tools/gpu_check.py --dry-run --out X.json  # the same pipeline at debug shapes on the CPU
+
+One line per check, PASS or FAIL with its figure, then `--out` (JSON; never overwritten,
+each check's log next to it in `<out>_logs/`):
+
+  kernels       the SDPA kernel of every attention kind (dense MHA, MoE MHA, MLA with
+                equal and with unequal q/k and v head dims); on a GPU none may be math
+  inspect_moe   `gamma-titan inspect` of every MoE config and flavor: the CPU forward of
+                a GPU host's model (one dense and one MoE block at full size)
+  dense_bf16    20 steps of configs/dense/1.5B.toml: compile + selective AC + bf16, live
+                diagnostics every 10 steps; tokens/s, MFU, peak memory, graph breaks and
+                recompiles (TORCH_LOGS=graph_breaks,recompiles); no graph break allowed
+  moe_mla_bf16  the same for the 3B-A0.5B-mla flavor of configs/moe/3B-A0.5B.toml
+  dense_float8  dense_bf16 with float8 linears (tensorwise)
+  sigterm_drill SIGTERM to `gamma-titan train` (1.5B, eager) after 3 steps: the step's
+                checkpoint must be complete; seconds to save, against the estimate that
+                sizes a cluster job's grace period (gamma_titan/launch.py)
+
+On one GPU the configs' pinned global batch would be all gradient accumulation, so the
+training checks train `local_batch_size` sequences per step. `--dry-run` runs every
+check on the debug configs for 3 steps, eager, float8 emulated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "gamma_titan.cli"]
+
+
+@dataclass
+class Setup:
+    dry_run: bool
+    logs: Path
+    dumps: Path
+    steps: int = 20
+    warmup: int = 5
+    dense: str = "configs/dense/1.5B.toml"
+    moe: str = "configs/moe/3B-A0.5B.toml"
+    moe_mla_flavor: str = "3B-A0.5B-mla"
+    #: (config, flavor) of every attention kind and MoE size; inspected one dense + one MoE block deep.
+    inspected: list[tuple[str, str | None]] = field(default_factory=lambda: [
+        ("configs/dense/1.5B.toml", None), ("configs/moe/1.5B-A0.25B.toml", None),
+        ("configs/moe/1.5B-A0.25B.toml", "1.5B-A0.25B-mla"), ("configs/moe/3B-A0.5B.toml", None),
+        ("configs/moe/3B-A0.5B.toml", "3B-A0.5B-mla"), ("configs/moe/16B-A2.4B.toml", None)])
+    timeouts: dict[str, int] = field(default_factory=lambda: {
+        "inspect": 25, "dense_bf16": 120, "moe_mla_bf16": 120, "dense_float8": 110, "sigterm_drill": 90})
+
+    def __post_init__(self) -> None:
+        if self.dry_run:
+            self.steps, self.warmup = 3, 1
+            self.dense, self.moe, self.moe_mla_flavor = "configs/dense/debug.toml", "configs/moe/debug_mla.toml", "debug_mla"
+            self.inspected = [("configs/dense/debug.toml", None), ("configs/moe/debug.toml", None),
+                              ("configs/moe/debug_mla.toml", None)]
+            self.timeouts = {k: 300 for k in self.timeouts}
+
+
+@dataclass
+class Check:
+    name: str
+    passed: bool
+    figure: str
+    details: dict = field(default_factory=dict)
+
+    def line(self) -> str:
+        return f"{'PASS' if self.passed else 'FAIL'}  {self.name:<14} {self.figure}"
+
+
+def run_logged(command: list[str], log: Path, timeout: int, env: dict | None = None) -> tuple[int | None, str]:
+    """Run to the end (None: timed out), output into `log`; (exit code, the output)."""
+    with open(log, "w") as sink:
+        try:
+            code = subprocess.run(command, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, text=True,
+                                  timeout=timeout, env=env).returncode
+        except subprocess.TimeoutExpired:
+            code = None
+    return code, log.read_text(errors="replace")
+
+
+# --- kernels and inspect -----------------------------------------------------------------------
+
+def inspect_checks(setup: Setup) -> list[Check]:
+    kernels, failures, inspected = {}, [], []
+    for config, flavor in setup.inspected:
+        label = f"{Path(config).parent.name}/{flavor or Path(config).stem}"
+        argv = [*CLI, "inspect", config, "--json", "--model_args.n_layers", "2"]
+        argv += ["--model.flavor", flavor] if flavor else []
+        code, out = run_logged(argv, setup.logs / f"inspect_{label}.log", setup.timeouts["inspect"])
+        try:
+            report = json.loads(out.strip().splitlines()[-1]) if code == 0 else None
+        except (json.JSONDecodeError, IndexError):
+            report = None
+        if report is None:
+            failures.append(f"{label}: exit {code}")
+            continue
+        inspected.append(label)
+        for line in report["attention_kernels"]:
+            kind = re.search(r"attention (\w+): SDPA kernel (\w+)", line)
+            kernels[f"{label} {kind.group(1)}"] = {"kernel": kind.group(2), "line": line}
+    math = [k for k, v in kernels.items() if v["kernel"] in ("math", "none")]
+    kernel_ok = bool(kernels) and not failures and (setup.dry_run or not math)
+    figure = ", ".join(f"{k}: {v['kernel']}" for k, v in kernels.items())
+    moe = [label for label in inspected if label.startswith("moe/")]
+    return [
+        Check("kernels", kernel_ok, figure + (f" (math: {', '.join(math)})" if math else ""), {"kernels": kernels}),
+        Check("inspect_moe", not failures, f"{len(moe)} MoE configs inspected" + (f"; failed: {failures}" if failures else ""),
+              {"inspected": inspected, "failures": failures}),
+    ]
+
+
+# --- training --------------------------------------------------------------------------------
+
+def train_argv(setup: Setup, config: str, dump: Path, steps: int, *extra: str) -> list[str]:
+    common = ["--nproc", "1", "--job.dump_folder", str(dump), "--training.steps", str(steps),
+              "--training.global_batch_size", "-1", "--metrics.log_freq", "1",
+              "--metrics.enable_tensorboard", "false", "--validation.enable", "false",
+              "--checkpoint.enable", "false", "--gamma.diagnostics.freq", "10"]
+    if setup.dry_run:
+        common += ["--compile.enable", "false", "--training.seq_len", "128", "--training.local_batch_size", "2",
+                   "--quantize.linear.float8.emulate", "true"]
+    return [*CLI, "train", config, *common, *extra]
+
+
+def metrics(dump: Path) -> list[dict]:
+    path = dump / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def training_check(setup: Setup, name: str, config: str, *extra: str) -> Check:
+    dump = setup.dumps / name
+    env = {**os.environ, "TORCH_LOGS": "graph_breaks,recompiles"}
+    code, log = run_logged(train_argv(setup, config, dump, setup.steps, *extra), setup.logs / f"{name}.log",
+                           setup.timeouts[name], env)
+    records = metrics(dump)
+    timed = [r for r in records if "tps" in r and r["step"] > setup.warmup]
+    details = {"exit": code, "steps": len(records),
+               "graph_breaks": log.count("Graph break in user code"),
+               "recompiles": len(re.findall(r"Recompiling function", log))}
+    if code != 0 or not timed:
+        why = "timed out" if code is None else f"exit {code}"
+        tail = " | ".join(log.strip().splitlines()[-3:])[-300:]
+        return Check(name, False, f"{why} after {len(records)} steps: {tail}", details)
+    med = lambda key: statistics.median(r[key] for r in timed)  # noqa: E731
+    details |= {"tokens_per_s": med("tps"), "tflops": med("tflops"), "mfu_percent": med("mfu"),
+                "peak_active_gib": max(r.get("memory/max_active(GiB)", 0.0) for r in records),
+                "final_loss": records[-1].get("loss")}
+    finite = all(r["loss"] == r["loss"] and r["loss"] < 100 for r in records if "loss" in r)
+    passed = finite and details["graph_breaks"] == 0 and len(records) == setup.steps
+    figure = (f"{details['tokens_per_s']:,.0f} tokens/s, MFU {details['mfu_percent']:.1f}%, "
+              f"{details['tflops']:.1f} TFLOP/s, peak {details['peak_active_gib']:.1f} GiB, "
+              f"{details['graph_breaks']} graph breaks, {details['recompiles']} recompiles, loss {details['final_loss']:.3f}")
+    return Check(name, passed, figure, details)
+
+
+def sigterm_drill(setup: Setup) -> Check:
+    """SIGTERM after 3 logged steps; the checkpoint of the step in progress must complete."""
+    from gamma_titan.launch import save_seconds
+    from gamma_titan.reliability import checkpoint_steps
+
+    dump = setup.dumps / "sigterm_drill"
+    argv = train_argv(setup, setup.dense, dump, 1000, "--compile.enable", "false", "--checkpoint.enable", "true",
+                      "--checkpoint.interval", "1000", "--gamma.diagnostics.enable", "false")
+    log = setup.logs / "sigterm_drill.log"
+    deadline = time.monotonic() + setup.timeouts["sigterm_drill"]
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(argv, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, text=True)
+        try:
+            while len(metrics(dump)) < 3 and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            signalled = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            stopped = time.monotonic() - signalled
+        except subprocess.TimeoutExpired:
+            stopped = None
+        finally:
+            proc.kill()
+    text = log.read_text(errors="replace")
+    complete, incomplete = checkpoint_steps(dump / "checkpoint")
+    last = metrics(dump)[-1]["step"] if metrics(dump) else None
+    saved = re.findall(r"Finished saving the checkpoint.*?in ([\d.]+) seconds", text)
+    params = re.search(r"model \w+: ([\d,]+) parameters", text)
+    estimate = save_seconds(int(params.group(1).replace(",", "")), nodes=1) if params else None
+    details = {"last_step": last, "complete": complete, "incomplete": incomplete, "stop_seconds": stopped,
+               "save_seconds": float(saved[-1]) if saved else None, "estimated_save_seconds": estimate}
+    passed = last is not None and complete == [last] and not incomplete and stopped is not None
+    figure = (f"checkpoint of step {last} {'complete' if passed else 'NOT complete'}; SIGTERM to exit "
+              f"{stopped:.1f} s" if stopped is not None else f"no clean stop within {setup.timeouts['sigterm_drill']} s")
+    if details["save_seconds"] is not None and estimate:
+        figure += f", save {details['save_seconds']:.1f} s (the plan assumes {estimate:.1f} s for this size)"
+    return Check("sigterm_drill", passed, figure, details)
+
+
+# --- the driver ----------------------------------------------------------------------------------
+
+def device_name(dry_run: bool) -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    if not dry_run:
+        sys.exit("error: no CUDA device (python tools/gpu_check.py --dry-run runs the pipeline on the CPU)")
+    return "cpu (dry run)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="gpu_check.json")
+    parser.add_argument("--dry-run", action="store_true", help="debug configs, 3 eager steps, on the CPU")
+    ns = parser.parse_args(argv)
+    out = Path(ns.out)
+    logs = out.with_name(out.stem + "_logs")
+    for path in (out, logs):
+        if path.exists():
+            parser.error(f"--out {out}: {path} exists; choose another name (results are never overwritten)")
+    device = device_name(ns.dry_run)
+    logs.mkdir(parents=True)
+    setup = Setup(ns.dry_run, logs, logs / "runs")
+    print(f"gamma-titan GPU check on {device}{' (dry run: debug shapes, CPU)' if ns.dry_run else ''}", flush=True)
+    started = time.monotonic()
+    checks: list[Check] = []
+
+    def record(*new: Check) -> None:
+        for check in new:
+            checks.append(check)
+            print(check.line(), flush=True)
+
+    record(*inspect_checks(setup))
+    record(training_check(setup, "dense_bf16", setup.dense))
+    record(training_check(setup, "moe_mla_bf16", setup.moe, "--model.flavor", setup.moe_mla_flavor))
+    record(training_check(setup, "dense_float8", setup.dense, "--model.converters", "quantize.linear.float8",
+                          "--quantize.linear.float8.recipe_name", "tensorwise"))
+    record(sigterm_drill(setup))
+    failed = [c.name for c in checks if not c.passed]
+    report = {"device": device, "dry_run": ns.dry_run, "seconds": round(time.monotonic() - started, 1),
+              "passed": not failed, "checks": {c.name: {"passed": c.passed, "figure": c.figure, **c.details}
+                                               for c in checks}}
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"{len(checks) - len(failed)}/{len(checks)} passed in {report['seconds']:.0f} s"
+          + (f"; FAILED: {', '.join(failed)}" if failed else "") + f". JSON: {out}, logs: {logs}/")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
