@@ -157,6 +157,8 @@ def step_verdict(loss: torch.Tensor, grad_norm: torch.Tensor | None, stop_reques
     stalls the GPU queue). `loss` is this rank's share of the global mean loss;
     `counts_loss` is False on all but one rank of each group holding the same loss
     (tensor-parallel peers). `grad_norm` is global already (clipping reduces it)."""
+    if isinstance(loss, DTensor):  # under tensor parallelism (loss parallel): the same on every TP rank
+        loss = loss.full_tensor()
     device = loss.device
     votes = torch.stack([loss.detach().float() * (1.0 if counts_loss else 0.0),
                          torch.tensor(1.0 if stop_requested else 0.0, device=device)])

@@ -181,6 +181,16 @@ def check_diagnostics(config, spec, args) -> None:
                                   f"{config.model.name}; e.g. {', '.join(matrices[:4])}, ...")
 
 
+def parameter_shapes(model_name: str, args) -> dict[str, tuple[int, ...]]:
+    """Every parameter's name and shape, from a model built on the meta device."""
+    import torch
+
+    from gamma_titan.train_specs import TRAIN_SPECS
+
+    with torch.device("meta"):
+        return {n: tuple(p.shape) for n, p in TRAIN_SPECS[model_name].model_cls(args).named_parameters()}
+
+
 def check_resume(config, args) -> None:
     """The checkpoint a run would resume from must be a full one of this model. DCP
     itself reports either problem only after the process group is up, as a raw traceback."""
@@ -189,7 +199,7 @@ def check_resume(config, args) -> None:
 
     from torch.distributed.checkpoint import FileSystemReader
 
-    from gamma_titan.convert.model_record import MODEL_FILE, model_record
+    from gamma_titan.convert.model_record import MODEL_FILE, args_from_record, model_record
     from gamma_titan.reliability import checkpoint_steps
 
     ckpt = config.checkpoint
@@ -202,15 +212,15 @@ def check_resume(config, args) -> None:
         return
     if (folder / MODEL_FILE).is_file():
         saved = json.loads((folder / MODEL_FILE).read_text(encoding="utf-8"))
-        ours = json.loads(json.dumps(model_record(config.model.name, config.model.flavor, args, None)))
-        ignored = ("init", "max_seq_len")  # used at the start only / the rotary cache's length
-        differ = [f"model_args.{k} = {saved['args'].get(k)!r} there, {v!r} here" for k, v in ours["args"].items()
-                  if k not in ignored and saved.get("args", {}).get(k) != v]
-        if saved.get("model") != ours["model"]:
-            differ.insert(0, f"model.name = {saved.get('model')!r} there, {ours['model']!r} here")
-        if differ:
-            raise ConfigError(f"checkpoint.folder: {folder} holds checkpoints of another model ({'; '.join(differ)}); "
-                              "use another job.dump_folder, or the model they were saved with")
+        saved_name, saved_args = args_from_record(saved)
+        if parameter_shapes(saved_name, saved_args) != parameter_shapes(config.model.name, args):
+            ours = json.loads(json.dumps(model_record(config.model.name, config.model.flavor, args, None)))
+            differ = [f"model_args.{k} = {saved['args'].get(k)!r} there, {v!r} here" for k, v in ours["args"].items()
+                      if k not in ("init", "max_seq_len") and saved["args"].get(k) != v]
+            if saved_name != config.model.name:
+                differ.insert(0, f"model.name = {saved_name!r} there, {config.model.name!r} here")
+            raise ConfigError(f"checkpoint.folder: {folder} holds checkpoints of another model shape "
+                              f"({'; '.join(differ)}); use another job.dump_folder, or the model they were saved with")
     keys = FileSystemReader(str(folder / f"step-{step}")).read_metadata().state_dict_metadata
     if not any(key.startswith("train_state") for key in keys):
         raise ConfigError(

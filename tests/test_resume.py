@@ -70,10 +70,14 @@ def test_checkpoints_of_another_model_shape_are_refused(tmp_path, builtin_assets
     with pytest.raises(ConfigError) as err:
         check(tmp_path / "run")  # the debug flavor: dim 256
     text = str(err.value)
-    assert "\n" not in text and "another model" in text
+    assert "\n" not in text and "another model shape" in text
     assert "model_args.dim = 128 there, 256 here" in text and "model_args.ffn_hidden_dim = 512 there" in text
     assert sorted(p.name for p in ckpt.iterdir()) == before
-    # the same shape with another γ or sequence length resumes (init and the rotary length only matter at start)
+    # the same shapes resume, whatever else differs (γ and the sequence length matter at the
+    # start only; ε is the user's call)
     check(tmp_path / "run", "--model_args.dim", "128", "--model_args.ffn_hidden_dim", "512",
-          "--gamma.init_rate", "0.5", "--training.seq_len", "1024")
+          "--gamma.init_rate", "0.5", "--training.seq_len", "1024", "--gamma.norm_eps", "1e-5")
+    with pytest.raises(ConfigError, match="model_args.attention_gate = 'elementwise' there, 'none' here"):
+        check(tmp_path / "run", "--model_args.dim", "128", "--model_args.ffn_hidden_dim", "512",
+              "--gamma.attention_gate", "none")
     json.loads((ckpt / "model.json").read_text())

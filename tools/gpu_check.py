@@ -100,7 +100,7 @@ def inspect_checks(setup: Setup) -> list[Check]:
         label = f"{Path(config).parent.name}/{flavor or Path(config).stem}"
         argv = [*CLI, "inspect", config, "--json", "--model_args.n_layers", "2"]
         argv += ["--model.flavor", flavor] if flavor else []
-        code, out = run_logged(argv, setup.logs / f"inspect_{label}.log", setup.timeouts["inspect"])
+        code, out = run_logged(argv, setup.logs / f"inspect_{label.replace('/', '_')}.log", setup.timeouts["inspect"])
         try:
             report = json.loads(out.strip().splitlines()[-1]) if code == 0 else None
         except (json.JSONDecodeError, IndexError):

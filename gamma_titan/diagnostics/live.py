@@ -4,9 +4,13 @@ At step 1 and every `freq` steps, after the optimizer step, `LiveDiagnostics.mea
 
 * runs one forward of a fixed probe batch (the first `probe_batch` sequences of the
   validation split) in eval mode under no_grad, hooked by `ActivationProbe`: sink score,
-  residual flow, ε-dominated fractions, gate statistics;
+  residual flow, ε-dominated fractions, gate statistics. The forward stops at the final
+  norm (`head=False`): no vocabulary-sized logits;
 * computes the stable rank of every weight matrix (per expert stack: mean and min);
 * at step 1 and every 10·freq steps, row-cosine maps of a few chosen matrices.
+
+All numbers stay on the device until the end, where one transfer brings them to the host
+(the measurement's only host sync on a GPU; the row-cosine maps are read when drawn).
 
 Training must not notice: the forward runs eagerly (compiled blocks are bypassed, so no
 recompilation), every model buffer (MoE load counters, expert bias) is restored
@@ -25,7 +29,7 @@ from torch import nn
 
 from gamma_titan.init import canonical_name
 
-from .probe import ActivationProbe
+from .probe import ActivationProbe, to_host
 from .spectral import StableRanks, leading_rows, row_cosine
 
 PREFIX = "gamma/"
@@ -86,8 +90,16 @@ class LiveDiagnostics:
 
     # --- the three measurements --------------------------------------------------------
 
-    @torch.no_grad()
     def activations(self) -> dict[str, float]:
+        return to_host(self._activations())
+
+    def weights(self) -> dict[str, float]:
+        return to_host(self._weights())
+
+    @torch.no_grad()
+    def _activations(self) -> dict[str, torch.Tensor]:
+        """The probe's numbers, on the device. The forward stops at the final norm (its
+        hooks see everything the probe reads): no vocabulary-sized logits."""
         model = self.model
         was_training = model.training
         saved = {name: b.clone() for name, b in model.named_buffers()}
@@ -99,22 +111,22 @@ class LiveDiagnostics:
                 stack.enter_context(torch.compiler.set_stance("force_eager"))
                 probe = stack.enter_context(ActivationProbe(model, self.tp_group))
                 model.eval()
-                model(self.tokens)
+                model(self.tokens, head=False)
         finally:
             model.train(was_training)
             for name, b in model.named_buffers():
                 b.copy_(saved[name])
-        return probe.metrics()
+        return probe.metric_tensors()
 
     @torch.no_grad()
-    def weights(self) -> dict[str, float]:
+    def _weights(self) -> dict[str, torch.Tensor]:
         out = {}
         for name, ranks in self.stable_ranks.all(weight_matrices(self.model)).items():
             if ranks.ndim == 0:
-                out[f"stable_rank/{name}"] = ranks.item()
+                out[f"stable_rank/{name}"] = ranks
             else:  # an expert stack: one stable rank per expert
-                out[f"stable_rank/{name}/mean"] = ranks.mean().item()
-                out[f"stable_rank/{name}/min"] = ranks.min().item()
+                out[f"stable_rank/{name}/mean"] = ranks.mean()
+                out[f"stable_rank/{name}/min"] = ranks.min()
         return out
 
     @torch.no_grad()
@@ -137,7 +149,9 @@ class LiveDiagnostics:
         return state
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.stable_ranks.vectors = {name: v for name, v in state.items() if bool(v.abs().sum() > 0)}
+        names = list(state)
+        measured = torch.stack([state[n].abs().sum() > 0 for n in names]).tolist() if names else []
+        self.stable_ranks.vectors = {n: state[n] for n, keep in zip(names, measured) if keep}
 
     # --- one call per due step -----------------------------------------------------
 
@@ -145,7 +159,7 @@ class LiveDiagnostics:
         """Every rank must call this at the same steps (collectives). Returns scalar
         metrics (tag -> value) and row-cosine maps (tag -> similarity matrix)."""
         start = time.perf_counter()
-        metrics = {**self.activations(), **self.weights()}
+        metrics = to_host({**self._activations(), **self._weights()})  # the one host sync
         maps = self.cosine_maps() if with_images and cosine_due(self.cfg, step) else {}
         metrics = {PREFIX + k: v for k, v in metrics.items()}
         metrics[PREFIX + "diagnostics_seconds"] = time.perf_counter() - start

@@ -115,20 +115,33 @@ class ActivationProbe:
 
     # --- results -------------------------------------------------------------------
 
-    def metrics(self) -> dict[str, float]:
-        """Tag (without the `gamma/` prefix) -> value. A collective over the TP group."""
-        out: dict[str, float] = {}
+    def metric_tensors(self) -> dict[str, torch.Tensor]:
+        """Tag (without the `gamma/` prefix) -> a 0-d tensor on the model's device; nothing
+        is read back to the host. A collective over the TP group."""
+        out: dict[str, torch.Tensor] = {}
         if self.head_stats:
             sums = torch.stack([torch.stack(v) for v in self.head_stats.values()])
             if self.tp_group is not None:
                 dist.all_reduce(sums, group=self.tp_group)
-            out.update({tag: (s / c).item() for tag, (s, c) in zip(self.head_stats, sums)})
+            out.update({tag: s / c for tag, (s, c) in zip(self.head_stats, sums)})
         for tag, (s, c) in self.site_stats.items():
-            out[tag] = (s / c).item()
+            out[tag] = s / c
         sinks = [v for k, v in out.items() if k.startswith("sink_score/layer_")]
         if sinks:
-            out["sink_score/mean"] = sum(sinks) / len(sinks)
+            out["sink_score/mean"] = torch.stack(sinks).mean()
         if self._residual is not None:
             diff, base = self._residual
-            out["residual_flow_ratio"] = (diff.sqrt() / base.sqrt().clamp_min(1e-30)).item()
+            out["residual_flow_ratio"] = diff.sqrt() / base.sqrt().clamp_min(1e-30)
         return out
+
+    def metrics(self) -> dict[str, float]:
+        """Tag (without the `gamma/` prefix) -> value: `metric_tensors`, read back at once."""
+        return to_host(self.metric_tensors())
+
+
+def to_host(tensors: dict[str, torch.Tensor]) -> dict[str, float]:
+    """0-d tensors as floats, in one transfer (one host sync on a GPU)."""
+    if not tensors:
+        return {}
+    values = torch.stack([t.detach().float().reshape(()) for t in tensors.values()]).tolist()
+    return dict(zip(tensors, values))

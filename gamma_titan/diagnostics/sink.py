@@ -43,7 +43,7 @@ def first_token_mass(q: torch.Tensor, k: torch.Tensor, scale: float | None = Non
         stop = min(start + chunk, t)
         scores = torch.einsum("bhid,bhjd->bhij", q[:, :, start:stop], k[:, :, :stop]) * scale
         causal = positions[:stop][None, :] <= positions[start:stop][:, None]
-        scores = scores.masked_fill(~causal, float("-inf"))
+        scores.masked_fill_(~causal, float("-inf"))  # in place: one block of scores, not two
         lse = torch.logsumexp(scores, dim=-1)
         total += torch.exp(scores[..., 0] - lse).sum(dim=-1)
     return total / (t - 1)

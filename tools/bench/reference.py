@@ -38,8 +38,12 @@ def llama3_args(dense):
     )
 
 
-def qwen3_moe_args(moe):
-    """TorchTitan's Qwen3ModelArgs (MoE in every layer) for a gamma_moe MHA shape."""
+def qwen3_moe_args(moe, device: torch.device):
+    """TorchTitan's Qwen3ModelArgs (MoE in every layer) for a gamma_moe MHA shape, to run on
+    `device`: TorchTitan's own experts take their kernel from a flag fixed here (ours
+    decide per call), grouped GEMMs only for CUDA."""
+    import dataclasses
+
     from torchtitan.models.qwen3.model.args import Qwen3ModelArgs
 
     if moe.attention != "mha" or moe.n_dense_layers != 0:
@@ -49,7 +53,8 @@ def qwen3_moe_args(moe):
         dim=moe.dim, n_layers=moe.n_layers, n_heads=moe.n_heads, n_kv_heads=moe.kv_heads,
         vocab_size=moe.vocab_size, head_dim=moe.head_dim, norm_eps=moe.norm_eps,
         rope_theta=moe.rope_theta, qk_norm=False, max_seq_len=moe.max_seq_len,
-        moe_enabled=True, moe_inter_dim=moe.moe_hidden_dim, moe_args=moe.moe_args(),
+        moe_enabled=True, moe_inter_dim=moe.moe_hidden_dim,
+        moe_args=dataclasses.replace(moe.moe_args(), use_grouped_mm=device.type == "cuda"),
     )
 
 
@@ -71,7 +76,7 @@ def llama3_model(dense, device):
 def qwen3_moe_model(moe, device):
     from torchtitan.models.qwen3.model.model import Qwen3Model
 
-    return build(Qwen3Model, qwen3_moe_args(moe), device)
+    return build(Qwen3Model, qwen3_moe_args(moe, device), device)
 
 
 @contextlib.contextmanager
