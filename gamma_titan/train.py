@@ -337,7 +337,11 @@ def main(argv: list[str] | None = None) -> None:
         logger.info(f"run record (resolved config, versions, command): {record}")
         from torchtitan.tools.utils import device_type
 
-        logger.info("gamma-titan model at init:\n" + startup_summary(spec, args, config, device_type))
+        summary = startup_summary(spec, args, config, device_type)
+        logger.info("gamma-titan model at init:\n" + summary)
+        for line in summary.splitlines():  # the math attention kernel, an ε-dominated norm
+            if line.startswith("WARNING: "):
+                logger.warning(line.removeprefix("WARNING: "))
     from gamma_titan.reliability import NonFiniteError
 
     try:

@@ -34,6 +34,9 @@ def test_dry_run_passes_every_check_and_never_overwrites(tmp_path, builtin_asset
         assert c["tokens_per_s"] > 0 and c["peak_active_gib"] > 0 and c["final_loss"] < 9
     logs = tmp_path / "gpu_check_logs"
     assert "Swapped to Float8Linear" in (logs / "dense_float8.log").read_text()
+    # the start-up log names each attention kind's kernel, the math one as a warning
+    assert "WARNING - attention mla: SDPA kernel math" in (logs / "moe_mla_bf16.log").read_text()
+    assert "attention mha: SDPA kernel flash_cpu" in (logs / "dense_bf16.log").read_text()
     assert "--shutdown-timeout=360" in (logs / "sigterm_drill.log").read_text()
     drill = checks["sigterm_drill"]
     assert drill["complete"] == [drill["last_step"]] and drill["last_step"] >= 3 and drill["save_seconds"] > 0

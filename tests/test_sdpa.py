@@ -13,7 +13,7 @@ from gamma_titan.models.common import GatedAttention, rope_cache
 from gamma_titan.models.common import sdpa as sdpa_mod
 from gamma_titan.models.common.mla import GatedMLA
 from gamma_titan.models.common.sdpa import (
-    CPU_FLASH, attend, attention_backend_lines, attention_backends, cuda_backend, log_attention_backends,
+    CPU_FLASH, attend, attention_backend_lines, attention_backends, cuda_backend,
     pad_qkv, sdpa_backend, sdpa_head_dims,
 )
 from gamma_titan.models.dense import dense_flavors
@@ -281,21 +281,6 @@ def test_report_lines_warn_on_math():
     (line,) = attention_backend_lines(dense_flavors["debug"], torch.bfloat16, "cpu", deterministic=True)
     assert line == "attention mha: SDPA kernel flash_cpu (head dims q/k 64, v 64; bfloat16 on cpu, deterministic)"
 
-    class Log:
-        def __init__(self):
-            self.records = []
-
-        def info(self, msg):
-            self.records.append(("info", msg))
-
-        def warning(self, msg):
-            self.records.append(("warning", msg))
-
-    log = Log()
-    log_attention_backends(moe_flavors["debug_mla"], torch.float32, "cpu", log=log)
-    log_attention_backends(moe_flavors["debug"], torch.float32, "cpu", log=log)
-    assert [level for level, _ in log.records] == ["warning", "info"]
-    assert log.records[0][1].startswith("attention mla: SDPA kernel math")
 
 
 def test_report_line_names_the_padding_on_cuda(monkeypatch):

@@ -189,18 +189,3 @@ def attention_backend_lines(model_args, dtype: torch.dtype, device: torch.device
                     "whole seq_len x seq_len score matrix")
         lines.append(line)
     return lines
-
-
-def log_attention_backends(model_args, dtype: torch.dtype, device: torch.device | str,
-                           deterministic: bool | None = None, *, seq_len: int = 256, log=None) -> list[str]:
-    """Log `attention_backend_lines` (math as a warning) with TorchTitan's logger or
-    `log`; returns the lines."""
-    if log is None:
-        from torchtitan.tools.logging import logger as log
-    lines = attention_backend_lines(model_args, dtype, device, deterministic, seq_len=seq_len)
-    for line in lines:
-        if line.startswith("WARNING: "):
-            log.warning(line.removeprefix("WARNING: "))
-        else:
-            log.info(line)
-    return lines
