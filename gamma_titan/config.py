@@ -13,6 +13,7 @@ line that names the key.
 """
 
 import contextlib
+import functools
 import importlib
 import io
 import logging
@@ -89,13 +90,6 @@ class Reliability:
     """Steps in that running mean (no spike is logged before the window is full)."""
     stop_grace_seconds: float = 300.0
     """After SIGTERM: checkpoint the current step and exit 0; exit 143 if that takes longer than this."""
-    inject_nan_at_steps: list[int] = field(default_factory=list)
-    """Fault injection (tests, drills): make the loss NaN at these steps."""
-    inject_kill_at_step: int = 0
-    """Fault injection: the last rank SIGKILLs itself as this step starts (0 = never)."""
-    inject_kill_in_save_at_step: int = 0
-    """Fault injection: rank 0 SIGKILLs itself while writing this step's checkpoint, after the
-    data and before the DCP .metadata that completes it (0 = never)."""
 
 
 @dataclass
@@ -195,14 +189,6 @@ def _check_reliability(r: Reliability) -> None:
         raise ConfigError(f"gamma.reliability.loss_spike_factor = {r.loss_spike_factor!r}: must be > 1 (0 = off)")
     if not _is_number(r.stop_grace_seconds) or r.stop_grace_seconds <= 0:
         raise ConfigError(f"gamma.reliability.stop_grace_seconds = {r.stop_grace_seconds!r}: must be a number > 0")
-    for key in ("inject_kill_at_step", "inject_kill_in_save_at_step"):
-        value = getattr(r, key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ConfigError(f"gamma.reliability.{key} = {value!r}: must be a step >= 1 (0 = never)")
-    steps = r.inject_nan_at_steps
-    if not isinstance(steps, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1
-                                              for s in steps):
-        raise ConfigError(f"gamma.reliability.inject_nan_at_steps = {steps!r}: must be a list of steps >= 1")
 
 
 def _check_data(d: Data) -> None:
@@ -357,18 +343,18 @@ def _cli_config_module(argv: list[str]) -> str | None:
     return None
 
 
-def _cache_config_merge() -> None:
-    """TorchTitan merges the JobConfig with its extension into a new class on every parse,
-    and tyro then re-reads the source of each new class. One merged class per (base,
-    extension) pair makes a parse ~25% cheaper; a recipe checks dozens of configs."""
-    import functools
-
+@functools.cache
+def _config_manager():
+    """TorchTitan's ConfigManager, merging the JobConfig with an extension once per pair.
+    TorchTitan builds a new merged class on every parse, and tyro then re-reads the source
+    of each new class; one merged class per (base, extension) pair makes a parse ~25%
+    cheaper, and a recipe checks dozens of configs."""
     from torchtitan.config import ConfigManager
 
-    merge = ConfigManager.__dict__["_merge_configs"]
-    if not isinstance(merge, staticmethod) or hasattr(merge.__func__, "cache_info"):
-        return
-    ConfigManager._merge_configs = staticmethod(functools.cache(merge.__func__))
+    class CachedMergeConfigManager(ConfigManager):
+        _merge_configs = staticmethod(functools.cache(ConfigManager._merge_configs))
+
+    return CachedMergeConfigManager
 
 
 def load_job_config(argv: list[str]):
@@ -378,10 +364,8 @@ def load_job_config(argv: list[str]):
     in [job] picks another, e.g. one that extends it). Raises ConfigError for unknown
     keys and bad [gamma] values. Nothing is started or written.
     """
-    from torchtitan.config import ConfigManager
     from torchtitan.config.job_config import JobConfig as TitanJobConfig
 
-    _cache_config_merge()
     argv = list(argv)
     path = _config_file(argv)
     toml = _read_toml(path) if path is not None else {}
@@ -393,7 +377,7 @@ def load_job_config(argv: list[str]):
         extension = importlib.import_module(module).JobConfig
     except (ImportError, AttributeError):
         raise ConfigError(f"job.custom_config_module = {module!r}: not a module with a JobConfig") from None
-    merged = ConfigManager._merge_configs(TitanJobConfig, extension)
+    merged = _config_manager()._merge_configs(TitanJobConfig, extension)
     _check_keys(merged, toml, "")
     if "gamma" in toml:  # check values before tyro sees (and warns about) them
         raw = dict(toml["gamma"])
@@ -412,8 +396,6 @@ def _parse_quietly(argv: list[str]):
     """TorchTitan's ConfigManager, with tyro's multi-line error boxes turned into one
     ConfigError line and its warnings (and TorchTitan's note that hf_assets_path
     "builtin" is not a folder) kept off stderr."""
-    from torchtitan.config import ConfigManager
-
     root = logging.getLogger()
     level = root.level
     captured = io.StringIO()
@@ -421,7 +403,7 @@ def _parse_quietly(argv: list[str]):
     try:
         with warnings.catch_warnings(), contextlib.redirect_stderr(captured):
             warnings.simplefilter("ignore")
-            return ConfigManager().parse_args(argv)
+            return _config_manager()().parse_args(argv)
     except SystemExit as e:
         if not e.code:  # --help
             sys.stderr.write(captured.getvalue())

@@ -33,11 +33,24 @@ def xdist_workers() -> int:
     return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 
 
-def trainer_command(dump: Path, *overrides: str, nproc: int = 1,
-                    config: Path = DEBUG_TOML) -> tuple[list[str], dict[str, str]]:
+#: Loads tests/scripts/fault_injection.py into a trainer; `faults(...)` says what it breaks.
+FAULT_INJECTION = ("--experimental.custom_import", "fault_injection")
+
+
+def faults(**settings) -> dict[str, str]:
+    """The environment for FAULT_INJECTION, e.g. faults(nan_at_steps="3", kill_at_step="7",
+    kill_in_save_at_step="6", save_delay="40"): tests/scripts on PYTHONPATH and the
+    GAMMA_TITAN_TEST_* variables."""
+    path = os.pathsep.join(filter(None, [str(REPO / "tests" / "scripts"), os.environ.get("PYTHONPATH")]))
+    return {"PYTHONPATH": path, **{f"GAMMA_TITAN_TEST_{k.upper()}": str(v) for k, v in settings.items()}}
+
+
+def trainer_command(dump: Path, *overrides: str, nproc: int = 1, config: Path = DEBUG_TOML,
+                    env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
     """The command line and environment of `torchrun -m gamma_titan.train` (plain python
-    for one process), as a user would launch it."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // (nproc * xdist_workers())))}
+    for one process), as a user would launch it; `env` adds to the environment."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // (nproc * xdist_workers()))),
+           **(env or {})}
     argv = ["-m", "gamma_titan.train", "--job.config_file", str(config),
             "--job.dump_folder", str(dump), *overrides]
     if nproc > 1:
@@ -46,9 +59,9 @@ def trainer_command(dump: Path, *overrides: str, nproc: int = 1,
 
 
 def run_trainer(dump: Path, *overrides: str, nproc: int = 1, config: Path = DEBUG_TOML,
-                timeout: int = 600, check: bool = True) -> subprocess.CompletedProcess:
+                timeout: int = 600, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run the trainer to the end; with `check`, fail the test unless it exits 0."""
-    command, env = trainer_command(dump, *overrides, nproc=nproc, config=config)
+    command, env = trainer_command(dump, *overrides, nproc=nproc, config=config, env=env)
     proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     if not check:
         return proc

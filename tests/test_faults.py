@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from helpers import DEBUG_TOML, QUIET, REPO, read_metrics, run_trainer, trainer_command
+from helpers import DEBUG_TOML, FAULT_INJECTION, QUIET, REPO, faults, read_metrics, run_trainer, trainer_command
 
 pytestmark = pytest.mark.multiprocess
 
@@ -38,7 +38,7 @@ def assert_finite_checkpoint(path):
 
 def test_poisoned_batch_is_skipped(tmp_path, builtin_assets):
     dump = tmp_path / "run"
-    run_trainer(dump, *FAST, *CHECKPOINTS, "--training.steps", "6", "--gamma.reliability.inject_nan_at_steps", "3")
+    run_trainer(dump, *FAST, *CHECKPOINTS, *FAULT_INJECTION, "--training.steps", "6", env=faults(nan_at_steps=3))
     records = {r["step"]: r for r in read_metrics(dump)}
     assert records[3]["nonfinite_skipped"]["skipped_so_far"] == 1 and math.isnan(records[3]["loss"])
     assert all(math.isfinite(records[s]["loss"]) for s in (1, 2, 4, 5, 6))
@@ -52,8 +52,8 @@ def test_poisoned_batch_is_skipped(tmp_path, builtin_assets):
 
 def test_poisoned_batch_stops_the_run_when_configured(tmp_path, builtin_assets):
     dump = tmp_path / "run"
-    proc = run_trainer(dump, *FAST, *CHECKPOINTS, "--training.steps", "6", "--gamma.reliability.inject_nan_at_steps",
-                       "3", "--gamma.reliability.on_nonfinite", "stop", check=False)
+    proc = run_trainer(dump, *FAST, *CHECKPOINTS, *FAULT_INJECTION, "--training.steps", "6",
+                       "--gamma.reliability.on_nonfinite", "stop", check=False, env=faults(nan_at_steps=3))
     assert proc.returncode == 3
     assert "error: step 3: non-finite loss (nan)" in proc.stderr
     assert complete_steps(dump) == ([2], [])
@@ -117,11 +117,8 @@ def test_sigterm_under_torchrun_survives_a_save_slower_than_30_seconds(tmp_path,
     dump = tmp_path / "run"
     run = (*FAST, "--checkpoint.enable", "true", "--checkpoint.interval", "1000")
     command = [sys.executable, "-m", "gamma_titan.cli", "train", str(DEBUG_TOML), "--nproc", "1",
-               "--job.dump_folder", str(dump), *run, "--training.steps", "400",
-               "--experimental.custom_import", "slow_checkpoint_write"]
-    scripts = str(REPO / "tests" / "scripts")
-    env = {**os.environ, "GAMMA_TITAN_TEST_SAVE_DELAY": str(SAVE_DELAY), "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [scripts, os.environ.get("PYTHONPATH")]))}
+               "--job.dump_folder", str(dump), *run, "--training.steps", "400", *FAULT_INJECTION]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **faults(save_delay=SAVE_DELAY)}
     code, out = sigterm_after_three_steps(command, env, dump, tmp_path / "log.txt", timeout=SAVE_DELAY + 120)
     assert "--shutdown-timeout=360" in out and f"waiting {SAVE_DELAY} s before .metadata" in out, out[-3000:]
     last = read_metrics(dump)[-1]["step"]

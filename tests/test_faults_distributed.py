@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from helpers import read_metrics, run_trainer
+from helpers import FAULT_INJECTION, faults, read_metrics, run_trainer
 from test_faults import CHECKPOINTS, FAST, complete_steps, sigterm_then_resume
 
 pytestmark = pytest.mark.multiprocess
@@ -28,12 +28,12 @@ def test_killed_ranks_lose_nothing(tmp_path, builtin_assets):
 
     dump = tmp_path / "run"
     # 1. rank 0 dies inside the write of step 6's checkpoint: step-4 stays the last complete one.
-    killed = run_trainer(dump, *run, "--gamma.reliability.inject_kill_in_save_at_step", "6", nproc=2, check=False)
+    killed = run_trainer(dump, *run, *FAULT_INJECTION, nproc=2, check=False, env=faults(kill_in_save_at_step=6))
     assert killed.returncode != 0
     assert complete_steps(dump) == ([2, 4], [6])
     # 2. restarted, it reports step-6 as incomplete, resumes from step-4, then the last rank
     #    dies as step 7 starts (step 6 is now saved whole).
-    killed = run_trainer(dump, *run, "--gamma.reliability.inject_kill_at_step", "7", nproc=2, check=False)
+    killed = run_trainer(dump, *run, *FAULT_INJECTION, nproc=2, check=False, env=faults(kill_at_step=7))
     assert killed.returncode != 0
     assert "incomplete checkpoint(s)" in killed.stdout + killed.stderr and "step-6" in killed.stdout + killed.stderr
     assert complete_steps(dump) == ([2, 4, 6], [])

@@ -3,6 +3,7 @@ report, a failing run that does not stop the others, and the token-level analysi
 of the sweep's checkpoints."""
 
 import json
+import os
 import re
 from html import unescape
 import subprocess
@@ -11,16 +12,16 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import REPO
+from helpers import REPO, faults
 from gamma_titan.reports.tokens import delta_sym_p, difficulty_bins
 
 SWEEP_STEPS = 20  # per run; the recipe's own budget is 900 steps (20 tokens per parameter)
 QUICK = ("--validation.steps", "2")  # 2 batches per evaluation, not the whole held-out split
 
 
-def recipe(*args: str, cwd=REPO) -> subprocess.CompletedProcess:
+def recipe(*args: str, cwd=REPO, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gamma_titan.cli", "recipe", "run", *args],
-                          capture_output=True, text=True, cwd=cwd)
+                          capture_output=True, text=True, cwd=cwd, env={**os.environ, **(env or {})})
 
 
 @pytest.fixture(scope="module")
@@ -67,15 +68,17 @@ def test_rerun_skips_finished_runs(sweep):
 
 def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path, builtin_assets):
     path = tmp_path / "drill.toml"
-    path.write_text('[recipe]\ntitle = "drill"\n[grid]\n"gamma.reliability.inject_kill_at_step" = [3, 0]\n'
-                    '[report]\nrows = "gamma.reliability.inject_kill_at_step"\n'
+    # Two runs; the one that loads tests/scripts/fault_injection.py dies at step 3.
+    path.write_text('[recipe]\ntitle = "drill"\n[grid]\n"experimental.custom_import" = ["fault_injection", '
+                    '"gamma_titan"]\n[report]\nrows = "experimental.custom_import"\n'
                     '[scale.tiny]\ntokens_per_param = 20\nmodels = [{ config = "configs/dense/tiny.toml", '
                     'flavor = "tiny-32" }]\n[scale.paper]\ntokens = 1e9\nmodels = ["configs/dense/tiny.toml"]\n')
     out = tmp_path / "out"
-    done = recipe(str(path), "--scale", "tiny", "--steps", "8", "--out", str(out), "--jobs", "2", *QUICK)
+    done = recipe(str(path), "--scale", "tiny", "--steps", "8", "--out", str(out), "--jobs", "2", *QUICK,
+                  env=faults(kill_at_step=3))
     assert done.returncode == 1
-    assert re.search(r"inject_kill_at_step3: FAILED \(exit \d+\)", done.stdout), done.stdout
-    assert "inject_kill_at_step0: finished" in done.stdout and "1 of 2 runs failed" in done.stdout
+    assert re.search(r"custom_importfault_injection: FAILED \(exit \d+\)", done.stdout), done.stdout
+    assert "custom_importgamma_titan: finished" in done.stdout and "1 of 2 runs failed" in done.stdout
     report = (out / "report" / "report.md").read_text()
     assert "1 of 2 runs finished" in report and "failed (exit" in report
 

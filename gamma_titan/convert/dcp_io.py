@@ -17,7 +17,7 @@ import torch
 
 from gamma_titan.errors import ConfigError
 
-NOT_MODEL = ("optimizer.", "lr_scheduler.", "dataloader.", "train_state.", "diagnostics.")  # trainer.DIAGNOSTICS_STATE
+NOT_MODEL = ("optimizer.", "lr_scheduler.", "dataloader.", "train_state.", "diagnostics.")  # checkpoint.DIAGNOSTICS_STATE
 
 
 def is_checkpoint(path: Path) -> bool:

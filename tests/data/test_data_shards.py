@@ -370,20 +370,17 @@ def test_trainer_checkpoints_the_last_step_when_data_runs_out(monkeypatch, step,
     from types import SimpleNamespace
 
     from torchtitan.components.dataloader import DataloaderExhaustedError
-    from torchtitan.train import Trainer
 
     from gamma_titan.trainer import GammaTrainer
 
     def exhausted(self, data_iterator):
         raise DataloaderExhaustedError()
 
-    monkeypatch.setattr(Trainer, "train_step", exhausted)
+    monkeypatch.setattr(GammaTrainer, "_train_step", exhausted)
     trainer = GammaTrainer.__new__(GammaTrainer)
     calls = []
     trainer.step = step
-    trainer._step_losses = []
-    trainer.job_config = SimpleNamespace(checkpoint=SimpleNamespace(interval=10),
-                                         gamma=SimpleNamespace(reliability=SimpleNamespace(inject_kill_at_step=0)))
+    trainer.job_config = SimpleNamespace(checkpoint=SimpleNamespace(interval=10))
     trainer.checkpointer = SimpleNamespace(save=lambda s, last_step: calls.append((s, last_step)))
     with pytest.raises(DataloaderExhaustedError):
         trainer.train_step(iter([]))

@@ -1,0 +1,102 @@
+"""TorchTitan's CheckpointManager with the rules a multi-week run needs
+(gamma_titan/reliability.py has the checkpoint-folder rules themselves):
+
+  * a checkpoint is never written from parameters that are not finite;
+  * when the run stops on SIGTERM (`stopping`), the current step is saved whatever the
+    interval, and an async write is awaited: the process exits right after;
+  * model.json (convert/model_record.py) is written next to the checkpoints after every
+    save, so that `convert` and a resume's pre-flight know the model;
+  * keep-last-K counts complete checkpoints only, and incomplete ones (a save killed
+    midway) are reported when the manager starts;
+  * the live diagnostics' warm state is saved with every checkpoint, and loaded back when
+    the checkpoint resumed from holds it (one written with diagnostics off does not).
+"""
+
+from __future__ import annotations
+
+import os
+
+from torch.distributed.checkpoint import FileSystemReader
+from torchtitan.components.checkpoint import CheckpointManager
+from torchtitan.tools.logging import logger
+
+from gamma_titan.reliability import (
+    NonFiniteError,
+    checkpoint_steps,
+    parameters_finite,
+    purge_keeping_complete,
+    report_incomplete_checkpoints,
+)
+
+DIAGNOSTICS_STATE = "diagnostics"  # key of LiveDiagnostics in the checkpoint
+
+
+class GammaCheckpointManager(CheckpointManager):
+    def __init__(self, *, model_record: dict | None, device, **kwargs):
+        """TorchTitan's arguments, plus the model.json record to write after each save
+        (None on ranks other than 0) and the device of the finiteness check."""
+        super().__init__(**kwargs)
+        self.model_parts = kwargs["model_parts"]
+        self.model_record, self.device = model_record, device
+        self.stopping = False  # set by the trainer once every rank agreed to stop on SIGTERM
+        self._diagnostics = None
+        if self.enable and model_record is not None:
+            report_incomplete_checkpoints(self.folder)
+
+    # --- what is saved ------------------------------------------------------------------
+
+    def track_diagnostics(self, diagnostics, load_step: int = -1) -> None:
+        """Save the diagnostics' warm state from now on; load it with the checkpoint this
+        run resumes from (`load_step`, -1: the newest complete one) if that one holds it,
+        else the diagnostics start cold."""
+        self._diagnostics = diagnostics
+        step = self._resume_step(load_step)
+        if step > 0 and self._holds(step, DIAGNOSTICS_STATE):
+            self.states[DIAGNOSTICS_STATE] = diagnostics
+        elif step > 0:
+            logger.info(f"step-{step} holds no diagnostics state: the diagnostics start cold")
+
+    def _resume_step(self, load_step: int) -> int:
+        if not self.enable or not os.path.isdir(self.folder):
+            return -1
+        if load_step != -1:
+            return load_step
+        complete, _ = checkpoint_steps(self.folder)
+        return complete[-1] if complete else -1
+
+    def _holds(self, step: int, key: str) -> bool:
+        try:
+            keys = FileSystemReader(os.path.join(self.folder, f"step-{step}")).read_metadata().state_dict_metadata
+        except FileNotFoundError:
+            return False
+        return any(k.startswith(f"{key}.") for k in keys)
+
+    def load(self, step: int = -1) -> bool:
+        loaded = super().load(step)
+        if self._diagnostics is not None:
+            self.states[DIAGNOSTICS_STATE] = self._diagnostics  # saved from now on
+        return loaded
+
+    # --- when and how it is saved ---------------------------------------------------------
+
+    def _should_save(self, curr_step: int, last_step: bool = False) -> bool:
+        stop_save = self.stopping and self.enable and not self.load_only
+        return stop_save or super()._should_save(curr_step, last_step)
+
+    def save(self, curr_step: int, last_step: bool = False) -> None:
+        if not self._should_save(curr_step, last_step):
+            return super().save(curr_step, last_step)  # TorchTitan's fault-tolerance bookkeeping
+        if not parameters_finite(self.model_parts, self.device):  # a collective: every rank asks
+            raise NonFiniteError(f"step {curr_step}: parameters are not finite; not saving a checkpoint "
+                                 "(the last one is intact)")
+        super().save(curr_step, last_step)
+        if self.stopping:
+            self._async_wait()  # the process exits next: an async write in flight must land first
+            logger.info(f"SIGTERM: checkpointed step {curr_step}")
+        if self.model_record is not None and os.path.isdir(self.folder):
+            from gamma_titan.convert.model_record import write_model_record
+
+            write_model_record(self.folder, self.model_record)
+
+    def _purge_stale_checkpoints(self) -> None:
+        purge_keeping_complete(self)  # TorchTitan's own counts every step-N folder, complete or not

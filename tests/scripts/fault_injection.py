@@ -1,0 +1,70 @@
+"""Test machinery: faults injected into a real training run. A trainer loads it with
+`--experimental.custom_import fault_injection` (tests/scripts on PYTHONPATH, see
+tests/helpers.py), and these environment variables say what to break:
+
+  GAMMA_TITAN_TEST_NAN_AT_STEPS=3,5         the model's output is NaN at these steps (a poisoned batch)
+  GAMMA_TITAN_TEST_KILL_AT_STEP=7           the last rank SIGKILLs itself as this step starts
+  GAMMA_TITAN_TEST_KILL_IN_SAVE_AT_STEP=6   rank 0 SIGKILLs itself inside this step's checkpoint
+                                            write, after the data and before the DCP .metadata
+                                            (the file that makes a checkpoint complete)
+  GAMMA_TITAN_TEST_SAVE_DELAY=40            every checkpoint write waits this many seconds
+                                            before its .metadata (a multi-GB save on a shared
+                                            file system)
+"""
+
+import os
+import signal
+import time
+
+import torch.distributed as dist
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
+from torchtitan.tools.logging import logger
+
+import gamma_titan  # noqa: F401  (what the configs' custom_import loads otherwise)
+from gamma_titan.trainer import GammaTrainer
+
+
+def _steps(name: str) -> set[int]:
+    return {int(s) for s in os.environ.get(name, "").split(",") if s.strip()}
+
+
+NAN_AT = _steps("GAMMA_TITAN_TEST_NAN_AT_STEPS")
+KILL_AT = _steps("GAMMA_TITAN_TEST_KILL_AT_STEP")
+KILL_IN_SAVE_AT = _steps("GAMMA_TITAN_TEST_KILL_IN_SAVE_AT_STEP")
+SAVE_DELAY = float(os.environ.get("GAMMA_TITAN_TEST_SAVE_DELAY", "0"))
+current_step = [0]
+
+_train_step = GammaTrainer.train_step
+_finish = FileSystemWriter.finish
+
+
+def train_step(trainer, data_iterator):
+    current_step[0] = trainer.step
+    if NAN_AT and not getattr(trainer, "_poisoned", False):
+        trainer._poisoned = True
+
+        def poison(module, inputs, output):
+            if trainer.step in NAN_AT and module.training:
+                logger.warning(f"step {trainer.step}: injecting NaN (fault_injection)")
+                return output * float("nan")
+            return output
+
+        trainer.model_parts[-1].register_forward_hook(poison)
+    if trainer.step in KILL_AT and dist.get_rank() == dist.get_world_size() - 1:
+        logger.warning(f"step {trainer.step}: killing the last rank (fault_injection)")
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _train_step(trainer, data_iterator)
+
+
+def finish(writer, metadata, results):
+    if SAVE_DELAY:
+        print(f"fault_injection: waiting {SAVE_DELAY:g} s before .metadata", flush=True)
+        time.sleep(SAVE_DELAY)
+    if current_step[0] in KILL_IN_SAVE_AT and dist.get_rank() == 0:
+        logger.warning(f"step {current_step[0]}: killing rank 0 inside the checkpoint write (fault_injection)")
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _finish(writer, metadata, results)
+
+
+GammaTrainer.train_step = train_step
+FileSystemWriter.finish = finish
