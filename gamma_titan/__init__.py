@@ -2,18 +2,17 @@
 attention ("Small Initialization Matters for Large Language Models").
 
 Importing the package prepares TorchTitan for the machine (CPU fallback, see
-`gamma_titan.platform`), registers the TrainSpecs (`gamma_dense`) and the built-in
-datasets. It must be imported before `torchtitan` on a machine without a GPU.
+`gamma_titan.cpu_fallback`), registers the model families' TrainSpecs (`gamma_titan.models`)
+and the built-in datasets. It must be imported before `torchtitan` on a machine without a GPU.
 """
 
-from gamma_titan import platform as _platform
+from gamma_titan import cpu_fallback
 
-_platform.apply()
+cpu_fallback.apply()
 
-from gamma_titan.data.datasets import register_datasets  # noqa: E402
-from gamma_titan.train_specs import register as _register_train_specs  # noqa: E402
+import gamma_titan.models  # noqa: E402,F401  (each family registers its TrainSpec)
+from gamma_titan.data.registry import register_datasets  # noqa: E402
 
-_register_train_specs()
 register_datasets()
 
 __version__ = "0.1.0"

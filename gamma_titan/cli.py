@@ -49,7 +49,7 @@ def _default_nproc() -> int:
 
 def cmd_train(ns, overrides: list[str]) -> int:
     from gamma_titan.config import load_job_config
-    from gamma_titan.train import preflight
+    from gamma_titan.training.preflight import preflight
 
     nproc = ns.nproc or _default_nproc()
     if nproc < 1:
@@ -57,7 +57,7 @@ def cmd_train(ns, overrides: list[str]) -> int:
     argv = _config_argv(ns.config, overrides)
     config = load_job_config(argv)
     preflight(config, world_size=nproc, local_world_size=nproc)  # fail here, before torchrun starts
-    from gamma_titan.launch import torchrun_command
+    from gamma_titan.training.launch import torchrun_command
 
     command, env = torchrun_command(nproc, argv, config.gamma.reliability.stop_grace_seconds)
     print("+ " + " ".join(command), flush=True)
@@ -69,7 +69,7 @@ def cmd_inspect(ns, overrides: list[str]) -> int:
     from torchtitan.tools.utils import device_type
 
     from gamma_titan.inspect_model import format_report, inspect_model, resolve_model, tokens_per_step
-    from gamma_titan.train import attention_kernels
+    from gamma_titan.training.main import attention_kernels
 
     config = load_job_config(_config_argv(ns.config, overrides))
     spec, args = resolve_model(config)

@@ -19,11 +19,11 @@ from collections import defaultdict
 import torch
 from torch import nn
 
+from gamma_titan.diagnostics.probe import EPS_DOMINANCE
 from gamma_titan.errors import ConfigError
 from gamma_titan.init import ParamInit, gamma_init_, init_plan
 from gamma_titan.models.common.decoder import reset_buffers
 
-EPS_DOMINANCE = 0.1  # ε counts as dominating when ε > 0.1·σ²(h)
 
 
 def resolve_model(job_config):
@@ -34,7 +34,7 @@ def resolve_model(job_config):
     try:
         spec = get_train_spec(name)
     except (ValueError, ImportError):
-        from gamma_titan.train_specs import TRAIN_SPECS
+        from gamma_titan.models import TRAIN_SPECS
 
         raise ConfigError(f"model.name = {name!r}: allowed {', '.join(TRAIN_SPECS)}") from None
     if flavor not in spec.model_args:
@@ -107,11 +107,11 @@ def inspect_model(spec, args, seq_len: int, measure: bool = True, probe_batch: i
         "n_params": n_params,
         "flops_per_token": flops,
         "seq_len": seq_len,
-        "active_params": args.active_params() if hasattr(args, "active_params") else None,
+        "active_params": args.active_params(),
         "init_rate": cfg.rate,
         "init_rate_overrides": dict(cfg.rate_overrides),
         "norm_eps": args.norm_eps,
-        "attention_gate": getattr(args, "attention_gate", None),
+        "attention_gate": args.attention_gate,
         "measured": measure,
     }
     if not measure:

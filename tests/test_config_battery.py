@@ -9,7 +9,7 @@ import pytest
 
 from gamma_titan.config import load_job_config
 from gamma_titan.errors import ConfigError
-from gamma_titan.train import preflight
+from gamma_titan.training.preflight import preflight
 from helpers import REPO
 
 DENSE, MOE = "configs/dense/debug.toml", "configs/moe/debug.toml"
@@ -19,20 +19,21 @@ BATTERY = [
     (DENSE, ["--gamma.init_rate", "0"], 1, "gamma.init_rate = 0.0: must be a number in (0, 4]"),
     (DENSE, ["--gamma.init_rate", "5"], 1, "gamma.init_rate = 5.0: must be a number in (0, 4]"),
     (DENSE, ["--gamma.norm_eps", "-1"], 1, "gamma.norm_eps = -1.0: must be a number > 0"),
+    (DENSE, ["--gamma.norm_eps", "0"], 1, "gamma.norm_eps = 0.0: must be a number > 0"),
     (DENSE, ["--gamma.attention_gate", "bogus"], 1,
-     "Invalid choice: invalid choice 'bogus' for argument '--gamma.attention-gate'. "
-     "Expected one of ('none', 'headwise', 'elementwise')."),
+     "gamma.attention_gate = 'bogus': allowed none, headwise, elementwise"),
     (DENSE, ["--gamma.init_truncation", "-1"], 1, "gamma.init_truncation = -1.0: must be >= 0 (0 = no truncation)"),
     (DENSE, ["--gamma.init_rate_overrides.output", "9"], 1,
      "gamma.init_rate_overrides.output = 9.0: must be a number in (0, 4]"),
+    (DENSE, ["--gamma.init_rate_overrides.output", "-1"], 1,
+     "gamma.init_rate_overrides.output = -1.0: must be a number in (0, 4]"),
     (DENSE, ["--gamma.diagnostics.freq", "0"], 1, "gamma.diagnostics.freq = 0: must be an integer >= 1"),
     (DENSE, ["--gamma.diagnostics.cosine_rows", "1"], 1, "gamma.diagnostics.cosine_rows = 1: must be an integer >= 2"),
     (DENSE, ["--gamma.diagnostics.cosine_params", "nope.weight"], 1,
      "re:gamma.diagnostics.cosine_params: 'nope.weight' is not a weight matrix of gamma_dense; e.g. "),
     (DENSE, ["--gamma.data.seed", "-1"], 1, "gamma.data.seed = -1: must be an integer >= 0"),
     (DENSE, ["--gamma.data.on_exhausted", "forever"], 1,
-     "Invalid choice: invalid choice 'forever' for argument '--gamma.data.on-exhausted'. "
-     "Expected one of ('wrap', 'stop')."),
+     "gamma.data.on_exhausted = 'forever': allowed wrap, stop"),
     (DENSE, ["--gamma.reliability.max_skipped_steps", "-1"], 1,
      "gamma.reliability.max_skipped_steps = -1: must be an integer >= 0"),
     (DENSE, ["--gamma.reliability.stop_grace_seconds", "-2"], 1,
@@ -50,6 +51,8 @@ BATTERY = [
      "tiny-96, 0.1B, 0.3B, 0.7B, 1.5B, 7B"),
     (DENSE, ["--model.name", "nonexistent"], 1, "model.name = 'nonexistent': allowed gamma_dense, gamma_moe"),
     (DENSE, ["--training.steps", "0"], 1, "training.steps = 0: must be a positive integer"),
+    (DENSE, ["--training.steps", "1.5"], 1, "training.steps = '1.5': must be an integer"),
+    (DENSE, ["--model_args.rope_theta=big"], 1, "model_args.rope_theta = 'big': must be a number"),
     (DENSE, ["--training.seq_len", "0"], 1, "training.seq_len = 0: must be a positive integer"),
     (DENSE, ["--training.local_batch_size", "0"], 1, "training.local_batch_size = 0: must be a positive integer"),
     (DENSE, ["--training.global_batch_size", "12"], 1, "training.global_batch_size = 12: must be -1 or a multiple "

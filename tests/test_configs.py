@@ -1,5 +1,6 @@
 """Every shipped config parses, passes the pre-flight checks for an 8-GPU node, and
-builds the flavor the README's table lists."""
+builds its flavor with the parameter count that its shapes give (written out below) and
+the README's table lists."""
 
 from pathlib import Path
 from types import SimpleNamespace
@@ -9,18 +10,97 @@ import pytest
 from helpers import REPO
 from gamma_titan.config import load_job_config
 from gamma_titan.inspect_model import inspect_model
-from gamma_titan.train import preflight
+from gamma_titan.models import TRAIN_SPECS
+from gamma_titan.training.preflight import preflight
 
 CONFIGS = sorted((REPO / "configs").rglob("*.toml"))
 IDS = [f"{p.parent.name}/{p.stem}" for p in CONFIGS]
-# (model, flavor): total parameters with the elementwise gate, in millions, as the README lists
-README_PARAMS = {
-    ("gamma_dense", "debug"): 5.3, ("gamma_dense", "0.1B"): 170, ("gamma_dense", "0.3B"): 440,
-    ("gamma_dense", "0.7B"): 890, ("gamma_dense", "1.5B"): 1540, ("gamma_dense", "7B"): 7260,
-    ("gamma_moe", "debug"): 6.6, ("gamma_moe", "debug_mla"): 6.0, ("gamma_moe", "1.5B-A0.25B"): 1577,
-    ("gamma_moe", "3B-A0.5B"): 2870, ("gamma_moe", "16B-A2.4B"): 15820,
-    ("gamma_dense", "tiny-64"): 0.181, ("gamma_moe", "tiny"): 0.249,
-}
+
+
+def param_counts(args) -> dict[str, int]:
+    """Parameters by the shapes alone: "total" (every parameter), "matmul" (all but the
+    embedding rows and the norm scales) and, for MoE, "active" (the matmul weights one token
+    passes through: top_k of the routed experts). Per block: the attention projections
+    (MHA/GQA: wq, wk, wv, wo; MLA: wq or wq_a + q_norm + wq_b, wkv_a, kv_norm, wkv_b, wo),
+    the gate (none: 0, headwise: d·H, elementwise: d·H·value head dim), two norms, and a
+    SwiGLU 3·d·ffn or an MoE layer (routed and shared experts 3·d·moe_hidden each, the
+    router d·E; the expert bias is a buffer); then the final norm and the output d·V."""
+    d, heads, vocab, layers = args.dim, args.n_heads, args.vocab_size, args.n_layers
+    if getattr(args, "attention", "mha") == "mla":
+        qk = args.qk_nope_head_dim + args.qk_rope_head_dim
+        rank = args.q_lora_rank
+        query = d * heads * qk if rank == 0 else d * rank + rank * heads * qk
+        attention = (query + d * (args.kv_lora_rank + args.qk_rope_head_dim)
+                     + args.kv_lora_rank * heads * (args.qk_nope_head_dim + args.v_head_dim)
+                     + heads * args.v_head_dim * d)
+        attention_norms, value_dim = args.kv_lora_rank + rank, args.v_head_dim  # kv_norm, q_norm (rank > 0)
+    else:
+        head_dim = d // heads
+        kv_heads = heads if args.n_kv_heads is None else args.n_kv_heads
+        attention = 2 * d * heads * head_dim + 2 * d * kv_heads * head_dim
+        attention_norms, value_dim = 0, head_dim
+    gate = {"none": 0, "headwise": d * heads, "elementwise": d * heads * value_dim}[args.attention_gate]
+    dense_layers = getattr(args, "n_dense_layers", layers)
+    moe_layers = layers - dense_layers
+    expert = 3 * d * args.moe_hidden_dim if moe_layers else 0
+    moe = (args.n_routed_experts + args.n_shared_experts) * expert + d * args.n_routed_experts if moe_layers else 0
+    matmul = layers * (attention + gate) + dense_layers * 3 * d * args.ffn_hidden_dim + moe_layers * moe + d * vocab
+    norms = layers * (2 * d + attention_norms) + d
+    counts = {"total": vocab * d + norms + matmul, "matmul": matmul}
+    if moe_layers:
+        counts["active"] = matmul - moe_layers * (args.n_routed_experts - args.top_k) * expert
+    return counts
+
+
+def readme_total(model: str, flavor: str) -> tuple[float, float]:
+    """The total parameter count README.md's flavor table lists for (model, flavor), and half
+    a unit of its last digit: ("5.3M" -> (5.3e6, 0.05e6)). Rows like "tiny-32 / -48" list
+    several flavors."""
+    header = "| params (elementwise gate) |" if model == "gamma_dense" else "| total |"
+    lines = (REPO / "README.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| flavor |") and header in line)
+    column = [c.strip() for c in lines[start].strip("|").split("|")].index(header.strip("| "))
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        names = cells[0].split(" / ")
+        names = [names[0]] + [names[0].rsplit("-", 1)[0] + n if n.startswith("-") else n for n in names[1:]]
+        if flavor in names:
+            text = cells[column].split(" / ")[names.index(flavor)]
+            number, unit = text[:-1], {"k": 1e3, "M": 1e6, "B": 1e9}[text[-1]]
+            decimals = len(number.partition(".")[2])
+            return float(number) * unit, 0.5 * 10 ** -decimals * unit
+    raise AssertionError(f"README.md lists no {model} flavor {flavor!r}")
+
+
+FLAVORS = [(model, flavor, gate) for model in ("gamma_dense", "gamma_moe") for flavor in TRAIN_SPECS[model].model_args
+           for gate in ("none", "headwise", "elementwise")
+           if gate == "elementwise" or flavor in ("debug", "debug_mla", "1.5B-A0.25B-mla")]
+
+
+@pytest.mark.parametrize("model, flavor, gate", FLAVORS, ids=[f"{m[6:]}-{f}-{g}" for m, f, g in FLAVORS])
+def test_parameter_counts_follow_from_the_shapes(model, flavor, gate):
+    """Every flavor (every gate on the debug shapes and on MLA with and without q_lora_rank):
+    the model built on the meta device, and the args' own matmul / active counts, equal the
+    count written out from the shapes."""
+    import torch
+
+    spec = TRAIN_SPECS[model]
+    args = spec.model_args[flavor]
+    args.attention_gate = gate
+    expected = param_counts(args)
+    with torch.device("meta"):
+        built = spec.model_cls(args)
+    assert sum(p.numel() for p in built.parameters()) == expected["total"]
+    if model == "gamma_dense":
+        assert args.matmul_params() == expected["matmul"]
+    else:
+        assert args.matmul_params(active=False) == expected["matmul"]
+        assert args.active_params() == expected["active"]
+        layer = f"layers.{args.n_dense_layers}.moe."
+        assert layer + "expert_bias" in dict(built.named_buffers())
+        assert layer + "expert_bias" not in dict(built.named_parameters())
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=IDS)
@@ -28,8 +108,9 @@ def test_config_passes_preflight(path: Path, builtin_assets):
     config = load_job_config(["--job.config_file", str(path)])
     spec, args = preflight(config, world_size=1 if config.model.flavor.startswith(("debug", "tiny")) else 8)
     report = inspect_model(spec, args, config.training.seq_len, measure=False)
-    expected = README_PARAMS[config.model.name, config.model.flavor] * 1e6
-    assert abs(report["n_params"] / expected - 1) < 0.02, report["n_params"]
+    assert report["n_params"] == param_counts(args)["total"]
+    listed, half_digit = readme_total(config.model.name, config.model.flavor)
+    assert abs(report["n_params"] - listed) <= half_digit, (report["n_params"], listed)  # the README's rounding
     assert config.gamma.init_rate == 1.0 and config.gamma.norm_eps == 1e-12
     assert config.gamma.attention_gate == "elementwise"
 

@@ -1,6 +1,8 @@
 """DCP <-> Hugging Face: dense models without the gate become transformers' Llama, gated
 dense and all MoE models the self-contained GammaForCausalLM package; every variant gives
-our logits in transformers and round-trips bitwise."""
+our logits in transformers and round-trips bitwise, through `convert` and through
+TorchTitan's `checkpoint.last_save_in_hf` / `initial_load_in_hf` (the family's state-dict
+adapter both ways)."""
 
 import json
 
@@ -35,8 +37,8 @@ def _train(model, steps=3):
         optimizer.zero_grad()
 
 
-def _checkpoint(root, args, tokenizer, seed=0, model_name="gamma_dense", trained=False):
-    """A run folder as the trainer leaves it: checkpoint/step-1 and checkpoint/model.json."""
+def _model(args, seed=0, model_name="gamma_dense", trained=False):
+    """A model whose every tensor matters: gates, routers and expert biases drawn wide."""
     torch.manual_seed(seed)
     model = (GammaMoE if model_name == "gamma_moe" else GammaDense)(args)
     model.init_weights()
@@ -51,6 +53,12 @@ def _checkpoint(root, args, tokenizer, seed=0, model_name="gamma_dense", trained
         for name, buffer in model.named_buffers():
             if name.endswith("expert_bias"):  # a bias that changes which experts are chosen
                 buffer.normal_(0, 0.1)
+    return model
+
+
+def _checkpoint(root, args, tokenizer, seed=0, model_name="gamma_dense", trained=False):
+    """A run folder as the trainer leaves it: checkpoint/step-1 and checkpoint/model.json."""
+    model = _model(args, seed, model_name, trained)
     step = root / "checkpoint" / "step-1"
     save_model_state(model.state_dict(), step)
     write_model_record(root / "checkpoint", model_record(model_name, "debug", args, tokenizer))
@@ -147,6 +155,77 @@ def test_bf16_and_bad_input_writes_nothing(tmp_path, builtin_assets, capsys):
     assert _cli("convert", "to-hf", gated_step, tmp_path / "c") == 2
     assert "does not hold the gamma_dense of its model.json" in capsys.readouterr().err
     assert not any((tmp_path / d).exists() for d in ("a", "b", "c", "fp16"))
+
+
+def _hf_checkpointer(root, folder, model, model_name, args, tokenizer, **checkpoint):
+    """GammaCheckpointManager as GammaTrainer builds it (the TrainSpec's state-dict adapter on
+    `model.hf_assets_path`, "builtin" in our configs), for a model-only save or load."""
+    from torchtitan.config import Checkpoint
+
+    from gamma_titan.models import TRAIN_SPECS
+    from gamma_titan.training.checkpoint import GammaCheckpointManager
+
+    return GammaCheckpointManager(
+        model_record=model_record(model_name, "debug", args, tokenizer), device=torch.device("cpu"),
+        dataloader=None, model_parts=[model], optimizers=None, lr_schedulers=None, states={},
+        checkpoint_config=Checkpoint(enable=True, folder=folder, **checkpoint),
+        sd_adapter=TRAIN_SPECS[model_name].state_dict_adapter(args, "builtin"), base_folder=str(root))
+
+
+@pytest.mark.parametrize("variant", ["dense-none", "dense-headwise", "moe-mla"])
+def test_checkpoints_save_and_load_in_hf(variant, tmp_path, builtin_assets):
+    """TorchTitan's own HF path through the family's adapter: `checkpoint.last_save_in_hf`
+    writes a folder transformers loads with our logits (and `convert from-hf` reads), and
+    `checkpoint.initial_load_in_hf` starts a run from it with the same weights, bitwise."""
+    model_name, make_args, hf_class = VARIANTS[variant]
+    args, tokenizer = make_args(), builtin_assets[1]
+    model = _model(args, model_name=model_name).eval()
+    saver = _hf_checkpointer(tmp_path, "checkpoint", model, model_name, args, tokenizer,
+                             last_save_model_only=True, last_save_in_hf=True)
+    saver.save(2, last_step=True)
+    step = tmp_path / "checkpoint" / "step-2"
+    assert not (step / ".metadata").exists()  # safetensors, not DCP
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(step, dtype=torch.float32, trust_remote_code=True)
+    assert type(hf).__name__ == hf_class
+    assert hf.config.rms_norm_eps == 1e-12 and (hf.config.bos_token_id, hf.config.eos_token_id) == (0, 1)
+    tokens = torch.randint(0, args.vocab_size, (2, 64), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (model(tokens) - hf(tokens).logits).abs().max().item() <= 1e-4
+
+    fresh = _model(args, seed=1, model_name=model_name)
+    loader = _hf_checkpointer(tmp_path, "new-run", fresh, model_name, args, tokenizer,
+                              initial_load_path=str(step), initial_load_in_hf=True)
+    assert loader.load()
+    ours, loaded = model.state_dict(), fresh.state_dict()
+    assert ours.keys() == loaded.keys() and all(torch.equal(ours[k], loaded[k]) for k in ours)
+
+    assert _cli("convert", "from-hf", step, tmp_path / "back") == 0
+    back = load_model_state(tmp_path / "back")
+    assert back.keys() == ours.keys() and all(torch.equal(ours[k], back[k]) for k in ours)
+
+
+def test_from_hf_finds_the_family_or_refuses(tmp_path, capsys):
+    """config.json names the family (or its model_type has one reader); otherwise, or for a
+    Llama gamma_dense cannot represent, one line names the key, and nothing is written."""
+    llama = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+             "intermediate_size": 96, "vocab_size": 512}
+    for cfg, message in [
+        ({"model_type": "mistral"}, "model_type 'mistral' cannot be converted; allowed: gamma_titan, llama"),
+        ({"model_type": "gamma_titan"}, "model_type 'gamma_titan' is read by gamma_dense, gamma_moe; "
+                                        "name one in gamma_titan_model"),
+        ({**llama, "gamma_titan_model": "gamma_moe"}, "cannot be converted to gamma_moe; allowed: gamma_titan"),
+        ({**llama, "gamma_titan_model": "gpt2"}, "gamma_titan_model = 'gpt2': allowed gamma_dense, gamma_moe"),
+        ({k: v for k, v in llama.items() if k != "hidden_size"}, "config.json: 'hidden_size' is missing"),
+        ({**llama, "attention_bias": True, "hidden_act": "gelu"},
+         "this Llama uses attention_bias, hidden_act, which gamma_dense does not represent"),
+    ]:
+        (tmp_path / "hf").mkdir(exist_ok=True)
+        (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
+        assert _cli("convert", "from-hf", tmp_path / "hf", tmp_path / "out") == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1
+        assert not (tmp_path / "out").exists()
 
 
 def test_eval_on_a_local_task_and_the_comparison_table(tmp_path, builtin_assets, capsys):

@@ -14,7 +14,7 @@ import gamma_titan  # noqa: F401
 from helpers import REPO
 from gamma_titan.inspect_model import inspect_model
 from gamma_titan.models.moe import GammaMoE, moe_flavors
-from gamma_titan.train_specs import TRAIN_SPECS
+from gamma_titan.models import TRAIN_SPECS
 
 MOE_SPEC = TRAIN_SPECS["gamma_moe"]
 #: Every MoE flavor up to 3B total parameters.
@@ -120,7 +120,7 @@ def test_startup_summary_does_not_draw_the_model_on_a_gpu_run(monkeypatch):
     weight on its CPU first (the other ranks wait at the first collective meanwhile)."""
     import gamma_titan.inspect_model as inspect_module
     from gamma_titan.config import load_job_config
-    from gamma_titan.train import startup_summary
+    from gamma_titan.training.main import startup_summary
 
     config = load_job_config(["--job.config_file", str(REPO / "configs" / "dense" / "1.5B.toml")])
     spec, args = inspect_module.resolve_model(config)
@@ -130,7 +130,7 @@ def test_startup_summary_does_not_draw_the_model_on_a_gpu_run(monkeypatch):
 
     monkeypatch.setattr(inspect_module, "_materialise", no_drawing)
     # the kernel report asks PyTorch's CUDA checks with tensors on the GPU: not here
-    monkeypatch.setattr("gamma_titan.train.attention_kernels", lambda *a: ["attention mha: SDPA kernel (stub)"])
+    monkeypatch.setattr("gamma_titan.training.main.attention_kernels", lambda *a: ["attention mha: SDPA kernel (stub)"])
     text = startup_summary(spec, args, config, "cuda")
     assert "1,5" in text.splitlines()[0] and "skipped on a GPU run" in text
     assert "tokens per step: 1,048,576" in text and "attention mha: SDPA kernel (stub)" in text
@@ -144,7 +144,7 @@ def test_startup_summary_does_not_draw_the_model_on_a_gpu_run(monkeypatch):
 def test_float8_on_an_sm90_host_needs_no_emulation(cuda_host, monkeypatch, builtin_assets):
     """The pre-flight check takes the GPU's side: real float8 (not emulated) with compile."""
     from gamma_titan.config import load_job_config
-    from gamma_titan.train import preflight
+    from gamma_titan.training.preflight import preflight
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     config = load_job_config(["--job.config_file", str(REPO / "configs" / "dense" / "1.5B.toml"),

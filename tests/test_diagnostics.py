@@ -12,8 +12,8 @@ from helpers import small_args
 
 from gamma_titan.diagnostics import (ActivationProbe, LiveDiagnostics, StableRanks, first_token_mass,
                                      leading_rows, row_cosine, spectral_norm)
-from gamma_titan.diagnostics.live import cosine_image, default_cosine_params, weight_matrices
-from gamma_titan.diagnostics.probe import EPS_FACTOR
+from gamma_titan.diagnostics.live import cosine_image, weight_matrices
+from gamma_titan.diagnostics.probe import EPS_DOMINANCE
 from gamma_titan.diagnostics.spectral import COLD_ITERS, WARM_ITERS
 
 
@@ -108,11 +108,11 @@ def test_probe_residual_flow_eps_and_gates_match_a_hand_forward(eps):
         rope = model.rope[: tokens.shape[1]]
         for i, block in model.layers.items():
             x = h
-            dominated = [(x.pow(2).mean(-1) < EPS_FACTOR * eps).float().mean().item()]
+            dominated = [(eps > EPS_DOMINANCE * x.pow(2).mean(-1)).float().mean().item()]
             attn_in = block.attention_norm(x)
             gate = block.attention.gate_values(attn_in)
             h = x + block.attention(attn_in, rope)
-            dominated.append((h.pow(2).mean(-1) < EPS_FACTOR * eps).float().mean().item())
+            dominated.append((eps > EPS_DOMINANCE * h.pow(2).mean(-1)).float().mean().item())
             h = h + block.feed_forward(block.ffn_norm(h))
             assert metrics[f"eps_dominated_fraction/layer_{i}/attention_norm"] == pytest.approx(dominated[0])
             assert metrics[f"eps_dominated_fraction/layer_{i}/ffn_norm"] == pytest.approx(dominated[1])
@@ -324,12 +324,21 @@ def test_a_measurement_holds_less_than_the_largest_weight(dtype):
 
 
 def test_default_cosine_params_pick_first_and_last_block():
-    dense = [n for n, w in weight_matrices(dense_model()).items() if w.ndim == 2]
-    assert default_cosine_params(dense, 4) == [
+    model = dense_model()
+    dense = [n for n, w in weight_matrices(model).items() if w.ndim == 2]
+    chosen = model.model_args.default_cosine_params()
+    assert chosen == [
         "layers.0.attention.wo.weight", "layers.0.feed_forward.w1.weight",
         "layers.3.attention.wo.weight", "layers.3.feed_forward.w1.weight"]
-    moe = [n for n, w in weight_matrices(moe_model()).items() if w.ndim == 2]
-    assert "layers.3.moe.shared_experts.w1.weight" in default_cosine_params(moe, 4)
+    assert set(chosen) <= set(dense)
+    for attention in ("mha", "mla"):
+        model = moe_model(attention)
+        moe = [n for n, w in weight_matrices(model).items() if w.ndim == 2]
+        chosen = model.model_args.default_cosine_params()
+        assert chosen == [  # layer 0 is dense, layer 3 an MoE layer with shared experts
+            "layers.0.attention.wo.weight", "layers.0.feed_forward.w1.weight",
+            "layers.3.attention.wo.weight", "layers.3.moe.shared_experts.w1.weight"]
+        assert set(chosen) <= set(moe)
 
 
 @pytest.mark.multiprocess

@@ -24,7 +24,7 @@ CHECKPOINTS = ("--checkpoint.enable", "true", "--checkpoint.interval", "2", "--c
 
 
 def complete_steps(dump):
-    from gamma_titan.reliability import checkpoint_steps
+    from gamma_titan.training.reliability import checkpoint_steps
 
     return checkpoint_steps(dump / "checkpoint")
 
@@ -36,13 +36,21 @@ def assert_finite_checkpoint(path):
     assert state and all(torch.isfinite(t).all() for t in state.values())
 
 
-def test_poisoned_batch_is_skipped(tmp_path, builtin_assets):
+def test_poisoned_batch_is_skipped_and_a_spike_names_its_data(tmp_path, builtin_assets):
     dump = tmp_path / "run"
-    run_trainer(dump, *FAST, *CHECKPOINTS, *FAULT_INJECTION, "--training.steps", "6", env=faults(nan_at_steps=3))
+    run_trainer(dump, *FAST, *CHECKPOINTS, *FAULT_INJECTION, "--training.steps", "6",
+                "--gamma.reliability.loss_spike_window", "2", env=faults(nan_at_steps=3, spike_at_steps=5))
     records = {r["step"]: r for r in read_metrics(dump)}
     assert records[3]["nonfinite_skipped"]["skipped_so_far"] == 1 and math.isnan(records[3]["loss"])
     assert all(math.isfinite(records[s]["loss"]) for s in (1, 2, 4, 5, 6))
     assert not any("nonfinite_skipped" in records[s] for s in (1, 2, 4, 5, 6))
+    # The spike at step 5, against the mean of the last two finite losses (steps 2 and 4),
+    # with the sequences of its global batch: [(step-1)·G, step·G), G = 8 sequences (1 rank).
+    spike = records[5]["loss_spike"]
+    assert spike["loss"] == pytest.approx(records[5]["loss"], rel=1e-6) and spike["loss"] > 1.5 * spike["running_mean"]
+    assert spike["running_mean"] == pytest.approx((records[2]["loss"] + records[4]["loss"]) / 2, rel=1e-6)
+    assert spike["global_batch"] == 4 and spike["sequences"] == [32, 40]
+    assert not any("loss_spike" in records[s] for s in (1, 2, 3, 4))
     # No update at step 3: the warm-up schedule did not advance either.
     assert records[2]["lr"] < records[3]["lr"] == records[4]["lr"] < records[5]["lr"]
     assert complete_steps(dump) == ([2, 4, 6], [])

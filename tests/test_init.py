@@ -16,7 +16,7 @@ from helpers import small_args
 from gamma_titan.init import draw, draw_range, fill_, local_range, ParamInit, param_seed
 from gamma_titan.inspect_model import inspect_model
 from gamma_titan.models.dense import GammaDense
-from gamma_titan.train_specs import TRAIN_SPECS
+from gamma_titan.models import TRAIN_SPECS
 
 # Every matrix has >= 4096 entries, so a 5% band is > 4 standard errors of the std.
 SHAPE = dict(dim=512, n_layers=2, n_heads=8, n_kv_heads=4, ffn_hidden_dim=1024, vocab_size=1024)

@@ -10,7 +10,7 @@ import pytest
 
 from helpers import DEBUG_TOML, REPO, small_args
 from gamma_titan.inspect_model import inspect_model
-from gamma_titan.train_specs import TRAIN_SPECS
+from gamma_titan.models import TRAIN_SPECS
 
 SPEC = TRAIN_SPECS["gamma_dense"]
 WIDTHS = (128, 256, 512)

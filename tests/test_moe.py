@@ -10,7 +10,7 @@ from gamma_titan.errors import ConfigError
 from gamma_titan.inspect_model import inspect_model
 from gamma_titan.models.common.moe import TokenChoiceRouter, TokenReorderer, tokens_per_expert
 from gamma_titan.models.moe import GammaMoE, moe_flavors
-from gamma_titan.train_specs import TRAIN_SPECS
+from gamma_titan.models import TRAIN_SPECS
 
 SPEC = TRAIN_SPECS["gamma_moe"]
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import gamma_titan  # noqa: F401
-from gamma_titan.data.packed import PackedSequences
+from gamma_titan.data.rank_batches import PackedSequences
 from gamma_titan.data.sampling import Sequences
 from gamma_titan.data.shards import ArrayTokens
 from gamma_titan.errors import ConfigError

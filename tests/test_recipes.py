@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gamma_titan.errors import ConfigError
-from gamma_titan.launch import SHUTDOWN_MARGIN_SECONDS, save_seconds
+from gamma_titan.training.launch import SHUTDOWN_MARGIN_SECONDS, save_seconds
 from gamma_titan.recipes.plan import plan
 from gamma_titan.recipes.run import run_recipe
 from gamma_titan.recipes.spec import available, load_recipe
@@ -95,7 +95,7 @@ def check_sbatch_script(path: Path, run, out: Path) -> None:
 
 
 def test_stop_grace_covers_the_save_of_a_big_model():
-    from gamma_titan.launch import shutdown_timeout, stop_grace_seconds
+    from gamma_titan.training.launch import shutdown_timeout, stop_grace_seconds
 
     assert save_seconds(16_000_000_000, nodes=1) == 192.0  # 12 bytes per parameter at 1 GB/s
     assert stop_grace_seconds(300, 16_000_000_000, nodes=1, step_seconds=20) == 318  # 1.5 x (20 + 192)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gamma_titan.config import Reliability
-from gamma_titan.reliability import (
+from gamma_titan.training.reliability import (
     GracefulStop,
     LossSpikes,
     NonFiniteError,
@@ -39,6 +39,22 @@ def test_checkpoint_steps_count_only_folders_with_metadata(tmp_path):
     (tmp_path / "step-x").mkdir()
     assert checkpoint_steps(tmp_path) == ([10, 30], [20, 40])
     assert checkpoint_steps(tmp_path / "missing") == ([], [])
+
+
+def test_a_hugging_face_export_is_neither_resumed_from_nor_purged(tmp_path, monkeypatch):
+    """checkpoint.last_save_in_hf writes step-N as safetensors + config.json (no .metadata)."""
+    make_checkpoints(tmp_path, complete=[10, 20], incomplete=[5])
+    export = tmp_path / "step-30"
+    export.mkdir()
+    (export / "model.safetensors").write_bytes(b"w")
+    (export / "config.json").write_text("{}")
+    (tmp_path / "step-40").mkdir()  # an export killed before its config.json: incomplete
+    (tmp_path / "step-40" / "model.safetensors").write_bytes(b"w")
+    assert checkpoint_steps(tmp_path) == ([10, 20], [5, 40])
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 0)
+    purged = queue.Queue()
+    purge_keeping_complete(SimpleNamespace(keep_latest_k=1, folder=str(tmp_path), purge_queue=purged))
+    assert sorted(os.path.basename(p) for p in purged.queue) == ["step-10", "step-5"]
 
 
 @pytest.mark.parametrize("complete,incomplete,keep,deleted", [
@@ -116,8 +132,7 @@ def test_sigterm_sets_the_flag_and_the_handler_is_restored():
 
 @pytest.mark.parametrize("argv,message", [
     (["--gamma.reliability.on_nonfinite", "ignore"],
-     "Invalid choice: invalid choice 'ignore' for argument '--gamma.reliability.on-nonfinite'. "
-     "Expected one of ('skip', 'stop')."),
+     "gamma.reliability.on_nonfinite = 'ignore': allowed skip, stop"),
     (["--gamma.reliability.max_skipped_steps", "-1"], "gamma.reliability.max_skipped_steps = -1: must be an integer >= 0"),
     (["--gamma.reliability.loss_spike_factor", "0.5"], "gamma.reliability.loss_spike_factor = 0.5: must be > 1 (0 = off)"),
     (["--gamma.reliability.loss_spike_window", "1"], "gamma.reliability.loss_spike_window = 1: must be an integer >= 2"),
@@ -151,7 +166,7 @@ def test_grace_period_watchdog_exits_143(tmp_path):
     import sys
 
     script = ("import os, signal, time\n"
-              "from gamma_titan.reliability import GracefulStop\n"
+              "from gamma_titan.training.reliability import GracefulStop\n"
               "stop = GracefulStop(grace_seconds=0.5)\n"
               "stop.install()\n"
               "os.kill(os.getpid(), signal.SIGTERM)\n"

@@ -9,7 +9,7 @@ import torch
 
 from gamma_titan.config import load_job_config
 from gamma_titan.errors import ConfigError
-from gamma_titan.train import preflight
+from gamma_titan.training.preflight import preflight
 from helpers import DEBUG_TOML, QUIET, read_metrics, run_trainer
 
 # A schedule that does not depend on training.steps (warm-up, then constant): the first 8

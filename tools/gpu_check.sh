@@ -27,5 +27,5 @@ print(f"torch {torch.__version__}" + (f", {torch.cuda.get_device_name()}, CUDA {
                                       if torch.cuda.is_available() else ", CPU"))
 PY
 # Built-in tokenizer and shards first, outside the timed checks (cached for every run).
-"$PYTHON" -c "import gamma_titan; from gamma_titan.data.memmap import ensure_builtin_shards; from gamma_titan.data.tokenizer import ensure_builtin_tokenizer; ensure_builtin_shards(ensure_builtin_tokenizer())"
+"$PYTHON" -c "import gamma_titan; from gamma_titan.data.builtin_shards import ensure_builtin_shards; from gamma_titan.data.tokenizer import ensure_builtin_tokenizer; ensure_builtin_shards(ensure_builtin_tokenizer())"
 exec "$PYTHON" tools/gpu_check.py "$@"

@@ -1,14 +1,13 @@
 """`gamma-titan convert to-hf` and `from-hf`: DCP checkpoints <-> Hugging Face folders.
 
 to-hf reads a checkpoint's model tensors (whatever rank layout saved them) and its
-model.json, picks the transformers architecture that represents the model exactly, and
-writes config.json, safetensors shards with their index, and the tokenizer files. from-hf
-reads such a folder back into a model-only DCP checkpoint plus model.json, for
-`checkpoint.initial_load_path`.
-
-Architectures (exact, or refused with a one-line error; nothing is approximated):
-  gamma_dense, attention_gate = "none"         ->  LlamaForCausalLM (llama.py)
-  gamma_dense with a gate, every gamma_moe     ->  GammaForCausalLM, code in the folder (custom.py)
+model.json, and writes what the model family's state-dict adapter (its TrainSpec's
+`state_dict_adapter`) makes of them: safetensors shards with their index, config.json,
+the modeling code where the architecture needs it, and the tokenizer files
+(hf_folder.py). from-hf reads such a folder back, through the family that config.json
+names (or the one that reads its model_type), into a model-only DCP checkpoint plus
+model.json, for `checkpoint.initial_load_path`. Each family maps exactly or refuses with
+a one-line error; nothing is approximated.
 """
 
 from __future__ import annotations
@@ -19,32 +18,19 @@ from pathlib import Path
 
 import torch
 
-from gamma_titan.convert import custom, llama
 from gamma_titan.convert.dcp_io import is_checkpoint, load_model_state, save_model_state
+from gamma_titan.convert.hf_folder import TOKENIZER_FILES, family_adapter, family_of_config, write_hf_files
 from gamma_titan.convert.model_record import model_record, read_model_record, write_model_record
 from gamma_titan.errors import ConfigError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 SHARD_BYTES = 5 * 2**30  # per safetensors file, as transformers' save_pretrained does
 INDEX_FILE = "model.safetensors.index.json"
-CONVERTERS = (llama, custom)  # the first that represents a model exactly wins
-BY_MODEL_TYPE = {"llama": llama, custom.MODEL_TYPE: custom}
 
 
 def _check_out(out: Path, overwrite: bool, key: str) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise ConfigError(f"{key}: {out} exists and is not empty; choose a new folder or pass --overwrite")
-
-
-def _special_ids(tokenizer_dir: Path) -> tuple[int | None, int | None]:
-    from gamma_titan.data.shards import tokenizer_info
-
-    try:
-        info = tokenizer_info(tokenizer_dir)
-    except ConfigError:
-        return None, None
-    return info.bos_id, info.eos_id
 
 
 def _write_safetensors(state: dict[str, torch.Tensor], out: Path, progress: bool) -> None:
@@ -82,9 +68,7 @@ def to_hf(checkpoint: str | Path, out: str | Path, *, dtype: str = "fp32", overw
         raise ConfigError(f"CHECKPOINT_DIR: {checkpoint} is not a DCP checkpoint folder (no .metadata); "
                           "point at a checkpoint/step-N folder")
     name, args, record = read_model_record(checkpoint)
-    converter = next((c for c in CONVERTERS if c.represents(name, args)), None)
-    if converter is None:
-        raise ConfigError(f"CHECKPOINT_DIR: {name} has no Hugging Face conversion")
+    adapter = family_adapter(name)(args, None)
     tokenizer_dir = Path(tokenizer or record.get("tokenizer") or "")
     if not (tokenizer_dir / "tokenizer.json").is_file():
         raise ConfigError(f"--tokenizer: {tokenizer_dir} has no tokenizer.json (model.json names the run's "
@@ -96,23 +80,17 @@ def to_hf(checkpoint: str | Path, out: str | Path, *, dtype: str = "fp32", overw
     if {k: tuple(v.shape) for k, v in state.items()} != expected:
         raise ConfigError(f"CHECKPOINT_DIR: {checkpoint} does not hold the {name} of its model.json "
                           "(tensor names or shapes differ)")
-    hf_state = {k: v.to(DTYPES[dtype]) for k, v in converter.to_hf(state).items()}
+    hf_state = {k: v.to(DTYPES[dtype]) for k, v in adapter.to_hf(state).items()}
     if out.exists() and overwrite:
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    bos, eos = _special_ids(tokenizer_dir)
-    (out / "config.json").write_text(json.dumps(converter.config(args, bos, eos, DTYPES[dtype]), indent=1) + "\n")
     _write_safetensors(hf_state, out, progress)
-    for file in getattr(converter, "CODE_FILES", ()):
-        shutil.copy(custom.PACKAGE / file, out / file)
-    for file in TOKENIZER_FILES:
-        if (tokenizer_dir / file).is_file():
-            shutil.copy(tokenizer_dir / file, out / file)
+    write_hf_files(out, name, adapter, tokenizer_dir, DTYPES[dtype])
     return out
 
 
 def _expected_shapes(name: str, args) -> dict[str, tuple[int, ...]]:
-    from gamma_titan.train_specs import TRAIN_SPECS
+    from gamma_titan.models import TRAIN_SPECS
 
     with torch.device("meta"):
         model = TRAIN_SPECS[name].model_cls(args)
@@ -140,14 +118,11 @@ def from_hf(hf_dir: str | Path, checkpoint: str | Path, *, overwrite: bool = Fal
     if not config_file.is_file():
         raise ConfigError(f"HF_DIR: {hf_dir} has no config.json")
     cfg = json.loads(config_file.read_text())
-    converter = BY_MODEL_TYPE.get(cfg.get("model_type"))
-    if converter is None:
-        raise ConfigError(f"HF_DIR: model_type {cfg.get('model_type')!r} cannot be converted; "
-                          f"allowed: {', '.join(BY_MODEL_TYPE)}")
-    args = converter.args_from_config(cfg)
+    name, adapter_cls = family_of_config(cfg)
+    args = adapter_cls.args_from_hf_config(cfg)
     _check_out(checkpoint, overwrite, "CHECKPOINT_DIR")
-    state = converter.from_hf(_read_hf_state(hf_dir))
-    expected = _expected_shapes(cfg.get("gamma_titan_model", "gamma_dense"), args)
+    state = adapter_cls(args, None).from_hf(_read_hf_state(hf_dir))
+    expected = _expected_shapes(name, args)
     if {k: tuple(v.shape) for k, v in state.items()} != expected:
         raise ConfigError(f"HF_DIR: the weights in {hf_dir} do not match its config.json")
     if checkpoint.exists() and overwrite:
@@ -161,6 +136,5 @@ def from_hf(hf_dir: str | Path, checkpoint: str | Path, *, overwrite: bool = Fal
             if (hf_dir / file).is_file():
                 shutil.copy(hf_dir / file, tokenizer_dir / file)
     save_model_state(state, checkpoint)
-    write_model_record(checkpoint, model_record(cfg.get("gamma_titan_model", "gamma_dense"), "from-hf", args,
-                                                tokenizer_dir))
+    write_model_record(checkpoint, model_record(name, "from-hf", args, tokenizer_dir))
     return checkpoint

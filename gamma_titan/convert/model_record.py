@@ -2,7 +2,8 @@
 
 A DCP checkpoint holds tensors only; converting one needs the architecture too (heads,
 ε, the gate, RoPE θ cannot all be read off tensor shapes). The trainer writes
-`<dump_folder>/<checkpoint.folder>/model.json` at start-up: the TrainSpec name, the flavor,
+`<dump_folder>/<checkpoint.folder>/model.json` after every checkpoint save (not at start-up:
+TorchTitan ignores `checkpoint.initial_load_path` once that folder exists): the TrainSpec name, the flavor,
 every field of the model args after [model_args] and [gamma] were applied, and the
 tokenizer folder. `convert` finds it next to a `step-N` folder (or inside it).
 """
@@ -44,7 +45,7 @@ def find_model_record(checkpoint: Path) -> Path | None:
 
 def args_from_record(record: dict[str, Any]):
     """(TrainSpec name, model args) rebuilt from a model.json record."""
-    from gamma_titan.train_specs import TRAIN_SPECS
+    from gamma_titan.models import TRAIN_SPECS
 
     name = record.get("model")
     if record.get("format") != FORMAT or name not in TRAIN_SPECS:

@@ -1,8 +1,17 @@
-"""Offline data layer: a built-in corpus, a byte-level BPE tokenizer and TorchTitan datasets.
+"""Offline data layer: a built-in corpus, byte-level BPE tokenizers, token shards and the loaders.
 
-Modules (import the one you need; this package imports nothing heavy on its own):
+Modules (import the one you need; this package imports nothing on its own):
+  names           -- the TOML's dataset names and `on_exhausted` choices (a leaf: no imports)
   cache           -- cache folder, cross-process file lock, atomic folder builds
+  text_sources    -- parse and open a text source (file, folder, save_to_disk folder, hub id)
   builtin_corpus  -- English corpus generated from CPython's own documentation
   tokenizer       -- train / cache / resolve byte-level BPE tokenizers
-  datasets        -- register "builtin", "builtin_validation" and "hf" with TorchTitan
+  shards          -- the token-shard format: tokenizer identity, meta.json, memory-mapped reads
+  pretokenize     -- `gamma-titan pretokenize`: text source -> token shards, parallel, resumable
+  builtin_shards  -- the built-in corpus pretokenized once per tokenizer, in the cache
+  sampling        -- global sample index -> token window: one stream, or a weighted mixture
+  shard_sources   -- a job config's shard datasets -> their folders, weights and sample sequence
+  rank_batches    -- one data-parallel rank's local batches of that sequence, checkpointable
+  registry        -- register "hf" with TorchTitan; check any dataset choice before training
+  loader          -- the dataloaders and validator TorchTitan's Trainer gets; the probe batch
 """

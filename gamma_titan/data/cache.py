@@ -9,13 +9,14 @@ folder and renamed into place, so a crash never leaves a half-built asset that l
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
+
+from filelock import FileLock, Timeout
 
 logger = logging.getLogger(__name__)
 
@@ -34,27 +35,26 @@ def cache_dir() -> Path:
 
 @contextlib.contextmanager
 def file_lock(path: str | os.PathLike) -> Iterator[None]:
-    """Hold an exclusive `flock` on `path` (created if missing) for the `with` body.
+    """Hold an exclusive lock on `path` (created if missing) for the `with` body.
 
-    The lock file itself is never deleted: deleting it would let a late process lock a new
-    inode while another still holds the old one. flock is released by the kernel if the
-    holder dies, so a killed rank cannot leave the cache locked forever.
+    `filelock` takes an `flock` on Unix: the kernel releases it if the holder dies, so a
+    killed rank cannot leave the cache locked forever, and the lock file stays in place (a
+    deleted one would let a late process lock a new inode while another holds the old one).
     Note: flock is per host; on a shared network filesystem it may not exclude other nodes.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    lock = FileLock(path)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            # Someone else is building; say so, since the wait can take a while.
-            logger.info("waiting for lock %s (another process is building)", path)
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        lock.acquire(timeout=0)
+    except Timeout:
+        # Someone else is building; say so, since the wait can take a while.
+        logger.info("waiting for lock %s (another process is building)", path)
+        lock.acquire()
+    try:
         yield
     finally:
-        # Closing the descriptor releases the lock.
-        os.close(fd)
+        lock.release()
 
 
 @contextlib.contextmanager

@@ -1,9 +1,9 @@
 """The dataloaders TorchTitan's Trainer and Validator get.
 
-Shard datasets ("builtin", "builtin_validation", "memmap"; memmap.py) are read as
-`PackedSequences` over their global sample sequence: DP-invariant, checkpointed, no
-tokenization in the training process. Every other name ("hf", TorchTitan's own) goes
-through TorchTitan's streaming text loader with the sources registered in datasets.py.
+Shard datasets ("builtin", "builtin_validation", "memmap"; shard_sources.py) are read as
+`PackedSequences` (rank_batches.py) over their global sample sequence: DP-invariant,
+checkpointed, no tokenization in the training process. Every other name ("hf", TorchTitan's own) goes
+through TorchTitan's streaming text loader with the sources registered in registry.py.
 
 TorchTitan's Validator builds its dataloader itself, by calling the module-level
 `build_text_validation_dataloader` of torchtitan.components.validate; `build_validator`
@@ -19,8 +19,9 @@ from torchtitan.components import validate as titan_validate
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.hf_datasets.text_datasets import build_text_dataloader, build_text_validation_dataloader
 
-from gamma_titan.data.memmap import is_shard_dataset, open_samples
-from gamma_titan.data.packed import PackedSequences
+from gamma_titan.data.names import is_shard_dataset
+from gamma_titan.data.rank_batches import PackedSequences
+from gamma_titan.data.shard_sources import open_samples
 from gamma_titan.errors import ConfigError
 
 

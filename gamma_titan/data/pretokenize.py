@@ -26,7 +26,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from gamma_titan.data.cache import write_json_atomic
-from gamma_titan.data.shards import FORMAT, FORMAT_VERSION, META_FILE, TokenizerInfo, token_dtype, tokenizer_info
+from gamma_titan.data.shards import FORMAT, FORMAT_VERSION, META_FILE, SPLITS, TokenizerInfo, token_dtype, tokenizer_info
+from gamma_titan.data.text_sources import TEXT_FIELD, load_source, parse_source
 from gamma_titan.errors import ConfigError
 
 PROGRESS_DIR = ".progress"
@@ -83,7 +84,7 @@ def _encode_unit(tag: str, unit: int, texts: list[str], heldout: bool) -> dict[s
     """Tokenize one unit and write its shards; returns its progress record."""
     w = _worker
     encodings = w["tokenizer"].encode_batch(texts, add_special_tokens=False)
-    docs: dict[str, list[list[int]]] = {"train": [], "validation": []}
+    docs: dict[str, list[list[int]]] = {split: [] for split in SPLITS}
     for text, enc in zip(texts, encodings):
         split = "validation" if heldout or is_validation(text, w["val_fraction"]) else "train"
         docs[split].append(enc.ids)
@@ -143,10 +144,8 @@ def _check_out(out: Path, plan: dict[str, Any]) -> None:
 
 
 def _open_input(source_value: str, key: str, docs_per_shard: int):
-    """(dataset, number of units or None for a stream) of a `datasets` source, opened once."""
+    """(dataset, number of units or None for a stream) of a text source, opened once."""
     from datasets import Dataset
-
-    from gamma_titan.data.datasets import load_source, parse_source
 
     ds = load_source(parse_source(source_value, key), source_value)
     return ds, (-(-len(ds) // docs_per_shard) if isinstance(ds, Dataset) else None)
@@ -154,8 +153,6 @@ def _open_input(source_value: str, key: str, docs_per_shard: int):
 
 def _units(ds, n_units: int | None, docs_per_shard: int, done: set[int]) -> Iterator[tuple[int, list[str]]]:
     """(unit, texts) of every unit not in `done`."""
-    from gamma_titan.data.datasets import TEXT_FIELD
-
     if n_units is not None:  # random access: read only the units still to do
         for unit in range(n_units):
             if unit not in done:
@@ -184,8 +181,6 @@ def pretokenize(
         raise ConfigError(f"--num-proc {num_proc}: must be >= 1")
     if docs_per_shard < 1:
         raise ConfigError(f"--docs-per-shard {docs_per_shard}: must be >= 1")
-    from gamma_titan.data.datasets import parse_source
-
     parse_source(input, "--input")  # one-line errors before anything is written
     if val_input is not None:
         parse_source(val_input, "--val-input")
@@ -279,7 +274,7 @@ def _complete(out: Path, dtype: np.dtype) -> bool:
 
 def _meta(plan: dict[str, Any], records: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any]:
     splits: dict[str, Any] = {}
-    for split in ("train", "validation"):
+    for split in SPLITS:
         shards = [r["splits"][split] for _, r in sorted(records.items()) if split in r["splits"]]
         # --input's units first, then --val-input's (tag "" sorts before "heldout-")
         shards.sort(key=lambda s: (s["file"].split("/")[1].startswith("heldout-"), s["file"]))

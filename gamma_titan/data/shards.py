@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from gamma_titan.data.tokenizer import HF_ASSETS_KEY, tokenizer_vocab_size
 from gamma_titan.errors import ConfigError
 
 META_FILE = "meta.json"
@@ -70,8 +71,6 @@ def _tokenizer_info(folder: Path, stamps: tuple) -> TokenizerInfo:
     """Cached per folder and file stamps: planning a recipe checks the same tokenizer for
     every run, and hashing it is most of a config check."""
     from tokenizers import Tokenizer
-
-    from gamma_titan.data.tokenizer import tokenizer_vocab_size
 
     spec = folder / "tokenizer.json"
     canonical = json.dumps(json.loads(spec.read_text(encoding="utf-8")), sort_keys=True)
@@ -133,7 +132,7 @@ class TokenShards:
     """One split of a shard folder as a single read-only token stream."""
 
     def __init__(self, folder: str | Path, split: str, key: str = "dataset_path",
-                 tokenizer: TokenizerInfo | None = None, tokenizer_key: str = "model.hf_assets_path"):
+                 tokenizer: TokenizerInfo | None = None, tokenizer_key: str = HF_ASSETS_KEY):
         self.folder = Path(folder)
         meta = read_meta(self.folder, key)
         if tokenizer is not None:

@@ -29,6 +29,7 @@ from gamma_titan.data.builtin_corpus import (
     read_texts,
 )
 from gamma_titan.data.cache import build_once, cache_dir
+from gamma_titan.data.text_sources import TEXT_FIELD, load_source, parse_source
 from gamma_titan.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -143,10 +144,8 @@ def ensure_builtin_tokenizer(vocab_size: int = DEFAULT_BUILTIN_VOCAB, force: boo
 
 
 def train_tokenizer_from(source: str, vocab_size: int, out_dir: str | Path, *, force: bool = False) -> Path:
-    """`gamma-titan tokenizer train --input SOURCE`: a tokenizer trained on any `datasets`
-    source the "hf" dataset reads (local jsonl/json/parquet/txt, save_to_disk folder, hub id)."""
-    from gamma_titan.data.datasets import TEXT_FIELD, load_source, parse_source
-
+    """`gamma-titan tokenizer train --input SOURCE`: a tokenizer trained on any text source
+    (text_sources.py: local jsonl/json/parquet/txt, save_to_disk folder, hub id)."""
     if vocab_size < MIN_VOCAB_SIZE:
         raise ConfigError(f"--vocab-size {vocab_size}: must be an integer >= {MIN_VOCAB_SIZE}")
     out_dir = Path(out_dir)

@@ -50,19 +50,6 @@ def weight_matrices(model: nn.Module) -> dict[str, torch.Tensor]:
     return {canonical_name(n): p for n, p in model.named_parameters() if p.ndim >= 2}
 
 
-def default_cosine_params(names: list[str], n_layers: int) -> list[str]:
-    """First and last block: the attention output projection and the first FFN input
-    projection (the dense FFN's, else the shared experts')."""
-    chosen = []
-    for layer in sorted({0, n_layers - 1}):
-        for candidates in (
-            [f"layers.{layer}.attention.wo.weight"],
-            [f"layers.{layer}.feed_forward.w1.weight", f"layers.{layer}.moe.shared_experts.w1.weight"],
-        ):
-            chosen += [c for c in candidates if c in names][:1]
-    return chosen
-
-
 def cosine_image(similarity: torch.Tensor) -> torch.Tensor:
     """A (rows, rows) map in [-1, 1] as an RGB image (H, W, 3) uint8, red = +1, blue = −1."""
     from matplotlib import colormaps
@@ -85,8 +72,8 @@ class LiveDiagnostics:
         self.cfg, self.model, self.tokens, self.tp_group = cfg, model, probe_tokens, tp_group
         self.stable_ranks = StableRanks()
         matrices = [n for n, w in weight_matrices(model).items() if w.ndim == 2]
-        self.cosine_params = cosine_params or cfg.cosine_params or default_cosine_params(
-            matrices, model.model_args.n_layers)
+        self.cosine_params = cosine_params or cfg.cosine_params or [
+            n for n in model.model_args.default_cosine_params() if n in matrices]
 
     # --- the three measurements --------------------------------------------------------
 

@@ -31,8 +31,9 @@ from gamma_titan.models.common.mla import GatedMLA
 
 from .sink import first_token_mass
 
-#: A norm input counts as ε-dominated when σ²(h) < EPS_FACTOR · ε.
-EPS_FACTOR = 10.0
+#: RMSNorm is ε-dominated where ε > EPS_DOMINANCE · σ²(h): it no longer sees the scale
+#: of h (the paper's §2.1). `inspect` applies the same rule at init.
+EPS_DOMINANCE = 0.1
 #: A gate value below this counts as closed (gate sparsity).
 GATE_CLOSED = 0.1
 
@@ -83,7 +84,7 @@ class ActivationProbe:
         def hook(module: nn.RMSNorm, inputs):
             h = _whole(inputs[0]).detach().float()
             eps = module.eps if module.eps is not None else torch.finfo(inputs[0].dtype).eps
-            dominated = (h.pow(2).mean(dim=-1) < EPS_FACTOR * eps).sum()
+            dominated = (eps > EPS_DOMINANCE * h.pow(2).mean(dim=-1)).sum()
             count = h.numel() // h.shape[-1]
             match = _LAYER_SITE.match(site)
             if match:

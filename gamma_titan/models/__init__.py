@@ -1,1 +1,8 @@
-"""Model families: `dense` (gamma_dense); layers shared between families live in `common`."""
+"""Model families. Each lives in one folder (args, model, parallelize, state-dict adapter)
+and registers its TrainSpec when imported; a new family is a folder and a name below.
+Shared layers live in `common/`."""
+
+from gamma_titan.models import dense, moe  # noqa: F401  (registers gamma_dense, gamma_moe)
+from gamma_titan.models.registry import TRAIN_SPECS
+
+__all__ = ["TRAIN_SPECS"]

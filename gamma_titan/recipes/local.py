@@ -62,7 +62,7 @@ class _Children:
 
 
 def _train(run: PlannedRun, run_dir: Path, threads: int | None, children: _Children) -> tuple[int, float]:
-    from gamma_titan.launch import torchrun_command
+    from gamma_titan.training.launch import torchrun_command
 
     run_dir.mkdir(parents=True, exist_ok=True)
     command, env = torchrun_command(run.gpus_per_node, run.argv(run_dir), run.stop_grace_seconds, threads)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gamma_titan.errors import ConfigError
-from gamma_titan.launch import stop_grace_seconds
+from gamma_titan.training.launch import stop_grace_seconds
 from gamma_titan.recipes.spec import Recipe, Run, Scale
 
 STEP_MULTIPLE = {"tiny": 100, "paper": 1000}
@@ -93,9 +93,10 @@ def plan_run(recipe: Recipe, scale_name: str, run: Run, extra: dict[str, Any] | 
     """Check one run's config at its world size and count its parameters; `finish`
     then sets its steps."""
     from gamma_titan.config import load_job_config
-    from gamma_titan.data.memmap import is_shard_dataset, open_samples
+    from gamma_titan.data.names import is_shard_dataset
+    from gamma_titan.data.shard_sources import open_samples
     from gamma_titan.data.tokenizer import resolve_tokenizer_path
-    from gamma_titan.train import preflight
+    from gamma_titan.training.preflight import global_batch_size, preflight
 
     model = run.model
     overrides = {**run.overrides, **(extra or {})}
@@ -107,13 +108,13 @@ def plan_run(recipe: Recipe, scale_name: str, run: Run, extra: dict[str, Any] | 
     except ConfigError as e:
         raise ConfigError(f"recipe {recipe.name}, run {run.name}: {e}") from None
     t = config.training
-    global_batch = t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * model.world_size
+    global_batch = global_batch_size(t, model.world_size)
     params, non_embedding = _count_params(spec, args)
     corpus = None
     if is_shard_dataset(t.dataset):
         samples = open_samples(config, "training", t.seq_len, resolve_tokenizer_path(config.model.hf_assets_path))
         corpus = samples.epoch_samples * t.seq_len
-    active = args.active_params() if hasattr(args, "active_params") else None
+    active = args.active_params()
     return PlannedRun(name=run.name, config=str(model.config), overrides=overrides, values=run.values, arm=run.arm,
                       model_label=model.label, nodes=model.nodes, gpus_per_node=model.gpus_per_node, params=params,
                       params_non_embedding=non_embedding, active_params=active, seq_len=t.seq_len,

@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from gamma_titan.errors import ConfigError
+from gamma_titan.recipes.out_folder import PLAN_FILE, STATUS_FILE
 from gamma_titan.recipes.plan import PlannedRun, format_plan, plan
 from gamma_titan.recipes.spec import load_recipe
 
-PLAN_FILE = "recipe.json"
-STATUS_FILE = "status.json"
 
 
 def parse_overrides(args: list[str]) -> dict[str, Any]:

@@ -5,7 +5,7 @@ the first node of the allocation; nodes and GPUs per node come from the run. SLU
 limit sends SIGTERM early (`--signal`), which the trainer turns into a checkpoint and a
 clean exit (gamma.reliability.stop_grace_seconds, sized by the plan to cover the run's
 estimated save time), torchrun waits for it (`--shutdown-timeout`), and a resubmitted job
-resumes from it (gamma_titan/launch.py). Scripts go to OUT/slurm/, and the job's log next to the run's metrics.
+resumes from it (gamma_titan/training/launch.py). Scripts go to OUT/slurm/, and the job's log next to the run's metrics.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from gamma_titan.errors import ConfigError
-from gamma_titan.launch import save_seconds, shutdown_timeout
+from gamma_titan.training.launch import save_seconds, shutdown_timeout
 from gamma_titan.recipes.plan import PlannedRun
 from gamma_titan.recipes.spec import PROJECT_ROOT, Scale
 

@@ -30,7 +30,6 @@ from pathlib import Path
 import torch
 
 from gamma_titan.convert.dcp_io import load_model_state
-from gamma_titan.diagnostics.live import default_cosine_params
 from gamma_titan.diagnostics.spectral import StableRanks, row_cosine
 from gamma_titan.errors import ConfigError
 from gamma_titan.reports.run_metrics import read_metrics, sink_by_layer
@@ -98,7 +97,7 @@ def analyse_run(run_dir: Path, cosine_matrices: list[str] | None, cosine_steps: 
     for step, folder in tqdm(checkpoints, desc=f"{run.name}: checkpoints", disable=not progress):
         matrices = load_matrices(folder)
         if cosine_matrices is None:
-            cosine_matrices = default_cosine_params(list(matrices), n_layers=1)  # layer 0's
+            cosine_matrices = first_block_cosine_params(folder, matrices)
         for name in cosine_matrices:
             if name not in matrices:
                 raise ConfigError(f"--matrices: {name!r} is not in {folder}; e.g. {', '.join(list(matrices)[:3])}")
@@ -108,6 +107,15 @@ def analyse_run(run_dir: Path, cosine_matrices: list[str] | None, cosine_steps: 
             for name in cosine_matrices:
                 run.cosine.setdefault(name, {})[step] = row_cosine(matrices[name][:COSINE_ROWS].float())
     return run
+
+
+def first_block_cosine_params(checkpoint: Path, matrices: dict) -> list[str]:
+    """The live diagnostics' default row-cosine weights (the model's own choice, from its
+    model.json), of the first block."""
+    from gamma_titan.convert.model_record import read_model_record
+
+    _, args, _ = read_model_record(checkpoint)
+    return [n for n in args.default_cosine_params() if n.startswith("layers.0.") and n in matrices]
 
 
 # --- figures and summary ---------------------------------------------------------------

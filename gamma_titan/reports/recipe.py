@@ -18,11 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from gamma_titan.errors import ConfigError
+from gamma_titan.recipes.out_folder import PLAN_FILE, STATUS_FILE
 from gamma_titan.reports.run_metrics import final_values, read_metrics, series, sink_by_layer
 from gamma_titan.reports.scaling import effective_size_gain, fit_power_law
 
-PLAN_FILE = "recipe.json"  # gamma_titan.recipes.run.PLAN_FILE
-STATUS_FILE = "status.json"
 MIN_TOKENS_PER_PARAM = 20
 SHORT = {"gamma.init_rate": "γ", "gamma.norm_eps": "ε", "gamma.attention_gate": "gate", "model": "model", "arm": "arm"}
 

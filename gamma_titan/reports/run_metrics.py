@@ -1,4 +1,4 @@
-"""Reading a run's `metrics.jsonl` (gamma_titan/metrics.py writes it, one line per logged step).
+"""Reading a run's `metrics.jsonl` (gamma_titan/training/metrics.py writes it, one line per logged step).
 
 The file is appended to: a run resumed from a checkpoint, or restarted from scratch after
 a crash, logs steps it had logged before. The newer attempt wins: a step at or below the
@@ -13,7 +13,8 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-METRICS_FILE = "metrics.jsonl"
+from gamma_titan.training.metrics import METRICS_FILE
+
 _SINK = re.compile(r"gamma/sink_score/layer_(\d+)")
 _EPS_DOMINATED = re.compile(r"gamma/eps_dominated_fraction/(layer_\d+|final_norm)")
 

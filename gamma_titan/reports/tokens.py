@@ -42,7 +42,7 @@ def load_model(checkpoint: str | Path, key: str):
     """(model in eval mode on the CPU, its model.json record) from a checkpoint/step-N folder."""
     from gamma_titan.convert.dcp_io import load_model_state
     from gamma_titan.convert.model_record import read_model_record
-    from gamma_titan.train_specs import TRAIN_SPECS
+    from gamma_titan.models import TRAIN_SPECS
 
     checkpoint = Path(checkpoint)
     state = load_model_state(checkpoint, key=key)
@@ -70,7 +70,7 @@ def read_tokens(data: str, tokenizer_dir: Path, count: int) -> np.ndarray:
     """The first `count` tokens of a split: "builtin_validation" / "builtin" (the built-in
     corpus, pretokenized with this tokenizer) or a shard folder from `gamma-titan pretokenize`
     (its validation split if it has one, else train)."""
-    from gamma_titan.data.memmap import ensure_builtin_shards
+    from gamma_titan.data.builtin_shards import ensure_builtin_shards
     from gamma_titan.data.shards import TokenShards, read_meta, tokenizer_info
 
     if data in ("builtin", "builtin_validation"):

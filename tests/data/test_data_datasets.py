@@ -13,7 +13,8 @@ import torch
 from datasets import Dataset, DatasetDict
 from torchtitan.hf_datasets.text_datasets import DATASETS, HuggingFaceTextDataset
 
-from gamma_titan.data.datasets import check_dataset, parse_source, register_datasets
+from gamma_titan.data.registry import check_dataset, register_datasets
+from gamma_titan.data.text_sources import parse_source
 from gamma_titan.errors import ConfigError
 
 SEQ_LEN = 32
@@ -112,7 +113,7 @@ def test_hf_local_file_offline(tmp_path):
     """With HF_DATASETS_OFFLINE / HF_HUB_OFFLINE set, local data still loads."""
     path = _write(tmp_path, "jsonl")
     script = textwrap.dedent(f"""
-        from gamma_titan.data.datasets import register_datasets
+        from gamma_titan.data.registry import register_datasets
         from torchtitan.hf_datasets.text_datasets import DATASETS
         register_datasets()
         print(len(list(DATASETS["hf"].loader({str(path)!r}))))

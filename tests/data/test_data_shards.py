@@ -16,10 +16,10 @@ from torchtitan.config.job_config import DataLoader
 from gamma_titan.cli import main as cli_main
 from gamma_titan.data.builtin_corpus import read_texts
 from gamma_titan.data.loader import shard_dataloader
-from gamma_titan.data.memmap import open_samples
-from gamma_titan.data.packed import PackedSequences
 from gamma_titan.data.pretokenize import is_validation, pretokenize
+from gamma_titan.data.rank_batches import PackedSequences
 from gamma_titan.data.sampling import Mixture
+from gamma_titan.data.shard_sources import open_samples
 from gamma_titan.data.shards import TokenShards, tokenizer_info
 from gamma_titan.errors import ConfigError
 
@@ -272,7 +272,7 @@ def test_on_exhausted_stop_ends_every_rank_at_the_same_batch(work, caplog):
 
 
 def _preflight_error(config) -> str:
-    from gamma_titan.train import preflight
+    from gamma_titan.training.preflight import preflight
 
     with pytest.raises(ConfigError) as err:
         preflight(config, world_size=1)
@@ -341,7 +341,7 @@ def test_bad_data_toml_values_fail_at_load(tmp_path):
         return str(err.value)
 
     debug = "configs/dense/debug.toml"
-    assert "'loop' for argument '--gamma.data.on-exhausted'" in error(debug, "--gamma.data.on_exhausted", "loop")
+    assert "gamma.data.on_exhausted = 'loop': allowed wrap, stop" in error(debug, "--gamma.data.on_exhausted", "loop")
     base = open(debug).read()
     for table, message in [('mixture = { web = "x" }', "gamma.data.mixture.web = 'x': a weight must be a number >= 0"),
                            ('on_exhausted = "loop"', "gamma.data.on_exhausted = 'loop': allowed wrap, stop"),
@@ -363,15 +363,47 @@ def test_builtin_datasets_read_the_cached_shards(builtin_tokenizer):
     assert "must be unset for dataset 'builtin'" in _preflight_error(config)
 
 
-@pytest.mark.parametrize("step,saved", [(8, [7]), (11, []), (1, [])])
-def test_trainer_checkpoints_the_last_step_when_data_runs_out(monkeypatch, step, saved):
-    """TorchTitan ends the loop without a checkpoint when data runs out; GammaTrainer saves
-    the last finished step first (unless its interval saved it already: 10 here)."""
+@pytest.mark.multiprocess
+def test_a_run_that_runs_out_of_data_stops_cleanly_with_its_last_step_saved(work, tmp_path):
+    """gamma.data.on_exhausted = "stop" end to end: a real trainer on shards of three short
+    documents, asked for 1000 steps, trains exactly the global batches the shards hold
+    (their windows of seq_len + 1 tokens, over the batch size), exits 0, and has a complete
+    checkpoint of the last step (which TorchTitan alone would not save) next to the
+    interval's."""
+    from helpers import QUIET, read_metrics, run_trainer
+
+    from gamma_titan.training.reliability import checkpoint_steps
+
+    root, texts = work
+    shards = tmp_path / "shards"
+    few = [text[:1500] for text in texts[:3]]
+    pretokenize(str(_jsonl(tmp_path / "few.jsonl", few)), root / "tok", shards, progress=False)
+    tokens = json.loads((shards / "meta.json").read_text())["splits"]["train"]["tokens"]
+    batch = 4
+    steps = (tokens - 1) // SEQ // batch  # whole windows of SEQ + 1 tokens (shifted labels), whole batches
+    assert 3 <= steps <= 12, (tokens, steps)
+    dump = tmp_path / "run"
+    proc = run_trainer(dump, *QUIET, "--model.flavor", "tiny-64", "--model.hf_assets_path", str(root / "tok"),
+                       "--training.dataset", "memmap", "--training.dataset_path", str(shards),
+                       "--training.seq_len", str(SEQ), "--training.local_batch_size", str(batch),
+                       "--training.steps", "1000", "--gamma.data.on_exhausted", "stop",
+                       "--gamma.diagnostics.enable", "false", "--checkpoint.enable", "true",
+                       "--checkpoint.interval", str(steps - 1), "--checkpoint.keep_latest_k", "0")
+    assert "end of data" in proc.stdout + proc.stderr
+    assert [r["step"] for r in read_metrics(dump)] == list(range(1, steps + 1))
+    assert checkpoint_steps(dump / "checkpoint") == ([steps - 1, steps], [])  # (complete, incomplete)
+
+
+@pytest.mark.parametrize("step", [11, 1])
+def test_trainer_saves_no_step_twice_and_no_step_0_when_data_runs_out(monkeypatch, step):
+    """The branches the run above cannot reach: GammaTrainer saves nothing when the
+    checkpoint interval (10 here) has saved the last finished step already, or when no step
+    finished (a run that starts without data is refused before launch)."""
     from types import SimpleNamespace
 
     from torchtitan.components.dataloader import DataloaderExhaustedError
 
-    from gamma_titan.trainer import GammaTrainer
+    from gamma_titan.training.trainer import GammaTrainer
 
     def exhausted(self, data_iterator):
         raise DataloaderExhaustedError()
@@ -384,4 +416,4 @@ def test_trainer_checkpoints_the_last_step_when_data_runs_out(monkeypatch, step,
     trainer.checkpointer = SimpleNamespace(save=lambda s, last_step: calls.append((s, last_step)))
     with pytest.raises(DataloaderExhaustedError):
         trainer.train_step(iter([]))
-    assert calls == [(s, True) for s in saved]
+    assert calls == []

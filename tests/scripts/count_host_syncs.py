@@ -15,7 +15,8 @@ from torch.overrides import TorchFunctionMode
 
 import gamma_titan  # noqa: F401  (CPU platform shims before torchtitan)
 from gamma_titan.config import load_job_config
-from gamma_titan.train import preflight, single_process_env
+from gamma_titan.training.preflight import preflight
+from gamma_titan.training.main import single_process_env
 
 HOST_READS = {"item", "tolist", "__bool__", "__float__", "__int__", "numpy"}
 
@@ -69,7 +70,7 @@ def main() -> None:
     if which == "titan":
         from torchtitan.train import Trainer as base
     else:
-        from gamma_titan.trainer import GammaTrainer as base
+        from gamma_titan.training.trainer import GammaTrainer as base
     trainer = counted(base)(config)
     try:
         trainer.train()

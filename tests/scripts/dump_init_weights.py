@@ -14,11 +14,12 @@ from torch.distributed.tensor import DTensor
 import gamma_titan  # noqa: F401
 from gamma_titan.config import load_job_config
 from gamma_titan.init import canonical_name
-from gamma_titan.train import preflight, single_process_env
+from gamma_titan.training.preflight import preflight
+from gamma_titan.training.main import single_process_env
 
 
 def main(out: str, argv: list[str]) -> None:
-    from gamma_titan.trainer import GammaTrainer
+    from gamma_titan.training.trainer import GammaTrainer
 
     config = load_job_config(argv)
     preflight(config)

@@ -3,6 +3,8 @@
 tests/helpers.py), and these environment variables say what to break:
 
   GAMMA_TITAN_TEST_NAN_AT_STEPS=3,5         the model's output is NaN at these steps (a poisoned batch)
+  GAMMA_TITAN_TEST_SPIKE_AT_STEPS=5         the model's logits are 100x at these steps (a loss spike:
+                                            about 25 against ln V = 8.3 at γ = 1)
   GAMMA_TITAN_TEST_KILL_AT_STEP=7           the last rank SIGKILLs itself as this step starts
   GAMMA_TITAN_TEST_KILL_IN_SAVE_AT_STEP=6   rank 0 SIGKILLs itself inside this step's checkpoint
                                             write, after the data and before the DCP .metadata
@@ -21,7 +23,7 @@ from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torchtitan.tools.logging import logger
 
 import gamma_titan  # noqa: F401  (what the configs' custom_import loads otherwise)
-from gamma_titan.trainer import GammaTrainer
+from gamma_titan.training.trainer import GammaTrainer
 
 
 def _steps(name: str) -> set[int]:
@@ -29,6 +31,7 @@ def _steps(name: str) -> set[int]:
 
 
 NAN_AT = _steps("GAMMA_TITAN_TEST_NAN_AT_STEPS")
+SPIKE_AT = _steps("GAMMA_TITAN_TEST_SPIKE_AT_STEPS")
 KILL_AT = _steps("GAMMA_TITAN_TEST_KILL_AT_STEP")
 KILL_IN_SAVE_AT = _steps("GAMMA_TITAN_TEST_KILL_IN_SAVE_AT_STEP")
 SAVE_DELAY = float(os.environ.get("GAMMA_TITAN_TEST_SAVE_DELAY", "0"))
@@ -40,13 +43,16 @@ _finish = FileSystemWriter.finish
 
 def train_step(trainer, data_iterator):
     current_step[0] = trainer.step
-    if NAN_AT and not getattr(trainer, "_poisoned", False):
+    if (NAN_AT or SPIKE_AT) and not getattr(trainer, "_poisoned", False):
         trainer._poisoned = True
 
         def poison(module, inputs, output):
             if trainer.step in NAN_AT and module.training:
                 logger.warning(f"step {trainer.step}: injecting NaN (fault_injection)")
                 return output * float("nan")
+            if trainer.step in SPIKE_AT and module.training:
+                logger.warning(f"step {trainer.step}: injecting a loss spike (fault_injection)")
+                return output * 100.0
             return output
 
         trainer.model_parts[-1].register_forward_hook(poison)

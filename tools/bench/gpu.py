@@ -12,7 +12,7 @@ shards), in its own process:
   (b) gamma_none_bf16 (a) without the gate: the like-for-like partner of (c)
   (c) llama3_bf16     TorchTitan's llama3 model at the identical shape (no gate)
   (d) gamma_float8    (a) with float8 linears (torchao, tensorwise scaling; the layers the
-                      model keeps in bf16: gamma_titan/derive.py)
+                      model keeps in bf16: gamma_titan/training/derive.py)
   (e) gamma_diag_bf16 (a) with the live diagnostics every 10 steps: their cost per
                       measurement, extrapolated to the default freq = 100
 
@@ -90,7 +90,7 @@ def register_reference(gamma_argv: list[str]) -> str:
 
     from gamma_titan.config import load_job_config
     from gamma_titan.inspect_model import resolve_model
-    from gamma_titan.train_specs import TRAIN_SPECS
+    from gamma_titan.models import TRAIN_SPECS
 
     sys.path.insert(0, str(Path(__file__).parent))
     from reference import llama3_args
@@ -112,7 +112,8 @@ def run_variant(argv: list[str]) -> None:
     from torchtitan.tools.logging import init_logger
 
     from gamma_titan.config import load_job_config
-    from gamma_titan.train import preflight, run, single_process_env
+    from gamma_titan.training.preflight import preflight
+    from gamma_titan.training.main import run, single_process_env
 
     model, flags = argv[0], argv[1:]
     if model == REFERENCE_MODEL:

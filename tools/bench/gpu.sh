@@ -23,5 +23,5 @@ if not torch.cuda.is_available():
 print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, CUDA {torch.version.cuda}")
 PY
 # Built-in tokenizer and shards first, outside the timed runs (cached for the variants).
-"$PYTHON" -c "import gamma_titan; from gamma_titan.data.memmap import ensure_builtin_shards; from gamma_titan.data.tokenizer import ensure_builtin_tokenizer; ensure_builtin_shards(ensure_builtin_tokenizer())"
+"$PYTHON" -c "import gamma_titan; from gamma_titan.data.builtin_shards import ensure_builtin_shards; from gamma_titan.data.tokenizer import ensure_builtin_tokenizer; ensure_builtin_shards(ensure_builtin_tokenizer())"
 exec "$PYTHON" tools/bench/gpu.py "$@"

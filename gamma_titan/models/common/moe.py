@@ -157,8 +157,7 @@ class MoELayer(MoE):
         self.reorderer = TokenReorderer(moe_args.num_experts, moe_args.top_k)
         # The LM loss is a sum over tokens / the global token count (TorchTitan), so a
         # per-micro-batch mean aux loss is weighted by this micro-batch's share of the
-        # global batch: 1 / (data-parallel degree x gradient-accumulation steps), set by
-        # parallelize_moe.
+        # global batch (set_micro_batch_share).
         self.aux_loss_weight = 1.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -177,3 +176,11 @@ class MoELayer(MoE):
             self.tokens_per_expert = torch.zeros(self.experts.num_experts, dtype=torch.float32)
             if self.load_balance_coeff is not None:
                 self.expert_bias = torch.zeros(self.experts.num_experts, dtype=torch.float32)
+
+
+def set_micro_batch_share(model: nn.Module, share: float) -> None:
+    """Tell every MoE layer which share of the global batch one micro-batch is:
+    1 / (data-parallel degree x gradient-accumulation steps)."""
+    for module in model.modules():
+        if isinstance(module, MoELayer):
+            module.aux_loss_weight = share

@@ -43,8 +43,26 @@ def check_heads(args) -> None:
         )
 
 
-def check_gate_and_rope(args) -> None:
+def check_knobs_and_rope(args) -> None:
+    """The paper's knobs as the model holds them, and the rotary base."""
     if args.attention_gate not in ATTENTION_GATES:
         raise ConfigError(f"gamma.attention_gate = {args.attention_gate!r}: allowed {', '.join(ATTENTION_GATES)}")
     if not args.rope_theta > 0:
         raise ConfigError(f"model_args.rope_theta = {args.rope_theta!r}: must be > 0")
+    if not args.norm_eps > 0:
+        raise ConfigError(f"gamma.norm_eps = {args.norm_eps!r}: must be a number > 0")
+
+
+def check_tensor_parallel(args, tp: int, widths: tuple[str, ...]) -> None:
+    """Heads (query and KV) and the named MLP widths must split evenly across TP ranks."""
+    if tp <= 1:
+        return
+    if args.n_heads % tp or args.kv_heads % tp:
+        raise ConfigError(
+            f"parallelism.tensor_parallel_degree = {tp} must divide model_args.n_heads = "
+            f"{args.n_heads} and the KV heads ({args.kv_heads})"
+        )
+    for key in widths:
+        if getattr(args, key) % tp:
+            raise ConfigError(f"parallelism.tensor_parallel_degree = {tp} must divide "
+                              f"model_args.{key} = {getattr(args, key)}")

@@ -9,20 +9,23 @@ fit (checked before launch).
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from torch import nn
-from torchtitan.protocols.model import BaseModelArgs
-
 from gamma_titan.init import GammaInit
+from gamma_titan.models.common.args import GammaArgs
+from gamma_titan.models.common.flavors import Flavors
 from gamma_titan.models.common.sdpa import AttentionShape
-from gamma_titan.models.common.shapes import HeadShape, check_gate_and_rope, check_heads, check_positive_ints
+from gamma_titan.models.common.shapes import (
+    HeadShape,
+    check_heads,
+    check_knobs_and_rope,
+    check_positive_ints,
+    check_tensor_parallel,
+)
 
 
 @dataclass
-class DenseModelArgs(HeadShape, BaseModelArgs):
+class DenseModelArgs(HeadShape, GammaArgs):
     dim: int = 768
     n_layers: int = 12
     n_heads: int = 12
@@ -31,7 +34,7 @@ class DenseModelArgs(HeadShape, BaseModelArgs):
     vocab_size: int = 50304
     rope_theta: float = 10000.0
     max_seq_len: int = 4096  # length of the rotary cache; raised to training.seq_len
-    # The paper's three knobs, set from [gamma] (gamma_titan.config.apply_to_model_args).
+    # The paper's three knobs, set from [gamma] (GammaArgs.update_from_config).
     norm_eps: float = 1e-12
     attention_gate: str = "elementwise"
     init: GammaInit = field(default_factory=GammaInit)
@@ -40,19 +43,16 @@ class DenseModelArgs(HeadShape, BaseModelArgs):
         """Raise ConfigError (naming the [model_args] key) for a shape that cannot work."""
         check_positive_ints(self, ("dim", "n_layers", "n_heads", "ffn_hidden_dim", "vocab_size", "max_seq_len"))
         check_heads(self)
-        check_gate_and_rope(self)
+        check_knobs_and_rope(self)
+
+    def check_parallelism(self, parallelism) -> None:
+        check_tensor_parallel(self, parallelism.tensor_parallel_degree, ("ffn_hidden_dim",))
 
     def float8_excluded_fqns(self) -> list[str]:
         """Linear layers that stay in high precision under float8 training: the output head
         (the loss is sensitive to it), and the headwise gate (n_heads columns, 8 or 16 per
         TP rank, which float8's _scaled_mm refuses: it needs multiples of 16)."""
         return ["output"] + (["attention.gate_proj"] if self.attention_gate == "headwise" else [])
-
-    def update_from_config(self, job_config, **kwargs) -> None:
-        """Called by TorchTitan's Trainer: apply [model_args] and [gamma] to this flavor."""
-        from gamma_titan.config import apply_to_model_args
-
-        apply_to_model_args(self, job_config)
 
     def attention_shapes(self) -> list[AttentionShape]:
         """The attention kinds of the model in SDPA's numbers (for the start-up kernel report)."""
@@ -74,25 +74,10 @@ class DenseModelArgs(HeadShape, BaseModelArgs):
         attention = 6 * self.n_layers * self.n_heads * 2 * self.head_dim * seq_len
         return 6 * self.matmul_params() + attention
 
-    def get_nparams_and_flops(self, model: nn.Module, seq_len: int) -> tuple[int, int]:
-        return sum(p.numel() for p in model.parameters()), self.flops_per_token(seq_len)
-
-
-class Flavors(Mapping):
-    """Named flavors; each lookup hands out a fresh copy, since TorchTitan's Trainer
-    mutates the args it gets (update_from_config)."""
-
-    def __init__(self, table: dict[str, BaseModelArgs]):
-        self._table = table
-
-    def __getitem__(self, name: str) -> BaseModelArgs:
-        return copy.deepcopy(self._table[name])
-
-    def __iter__(self):
-        return iter(self._table)
-
-    def __len__(self) -> int:
-        return len(self._table)
+    def default_cosine_params(self) -> list[str]:
+        """First and last block: the attention output projection and the FFN's w1."""
+        return [f"layers.{layer}.{w}.weight" for layer in sorted({0, self.n_layers - 1})
+                for w in ("attention.wo", "feed_forward.w1")]
 
 
 dense_flavors = Flavors(

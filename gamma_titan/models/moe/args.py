@@ -12,22 +12,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from torch import nn
 from torchtitan.models.moe.moe import MoEArgs
-from torchtitan.protocols.model import BaseModelArgs
 
 from gamma_titan.errors import ConfigError
 from gamma_titan.init import GammaInit
+from gamma_titan.models.common.args import GammaArgs
+from gamma_titan.models.common.flavors import Flavors
 from gamma_titan.models.common.sdpa import AttentionShape
-from gamma_titan.models.common.shapes import HeadShape, check_gate_and_rope, check_heads, check_positive_ints
-from gamma_titan.models.dense.args import Flavors
+from gamma_titan.models.common.shapes import (
+    HeadShape,
+    check_heads,
+    check_knobs_and_rope,
+    check_positive_ints,
+    check_tensor_parallel,
+)
 
 ATTENTION_KINDS = ("mha", "mla")
 SCORE_FUNCS = ("sigmoid", "softmax")
 
 
 @dataclass
-class MoEModelArgs(HeadShape, BaseModelArgs):
+class MoEModelArgs(HeadShape, GammaArgs):
     dim: int = 1024
     n_layers: int = 13
     n_heads: int = 16
@@ -100,7 +105,7 @@ class MoEModelArgs(HeadShape, BaseModelArgs):
                 raise ConfigError(f"model_args.{key} = {value!r}: must be an integer >= 0")
         if self.attention not in ATTENTION_KINDS:
             raise ConfigError(f"model_args.attention = {self.attention!r}: allowed {', '.join(ATTENTION_KINDS)}")
-        check_gate_and_rope(self)
+        check_knobs_and_rope(self)
         if self.score_func not in SCORE_FUNCS:
             raise ConfigError(f"model_args.score_func = {self.score_func!r}: allowed {', '.join(SCORE_FUNCS)}")
         if self.top_k > self.n_routed_experts:
@@ -131,10 +136,33 @@ class MoEModelArgs(HeadShape, BaseModelArgs):
         the experts, and float8 rounding would reorder near-ties."""
         return ["output", "moe.router.gate"] + (["attention.gate_proj"] if self.attention_gate == "headwise" else [])
 
-    def update_from_config(self, job_config, **kwargs) -> None:
-        from gamma_titan.config import apply_to_model_args
+    def check_parallelism(self, parallelism) -> None:
+        """Heads and MLP widths split by TP; routed experts by EP, which TP excludes (for now)."""
+        tp, ep = parallelism.tensor_parallel_degree, parallelism.expert_parallel_degree
+        check_tensor_parallel(self, tp, ("ffn_hidden_dim", "moe_hidden_dim"))
+        if ep <= 1:
+            return
+        if self.n_routed_experts % ep:
+            raise ConfigError(f"parallelism.expert_parallel_degree = {ep} must divide "
+                              f"model_args.n_routed_experts = {self.n_routed_experts}")
+        if tp > 1 or parallelism.expert_tensor_parallel_degree > 1:
+            raise ConfigError("parallelism.expert_parallel_degree > 1 with tensor parallelism is not "
+                              "supported for MoE models yet; use tensor_parallel_degree = 1")
 
-        apply_to_model_args(self, job_config)
+    def expert_parallel_divisor(self) -> int:
+        return self.n_routed_experts
+
+    def default_cosine_params(self) -> list[str]:
+        """First and last block: the attention output projection and the first FFN input
+        projection (a dense layer's, else the shared experts', if any)."""
+        chosen = []
+        for layer in sorted({0, self.n_layers - 1}):
+            chosen.append(f"layers.{layer}.attention.wo.weight")
+            if layer < self.n_dense_layers:
+                chosen.append(f"layers.{layer}.feed_forward.w1.weight")
+            elif self.n_shared_experts:
+                chosen.append(f"layers.{layer}.moe.shared_experts.w1.weight")
+        return chosen
 
     # --- counts ---------------------------------------------------------------------
 
@@ -179,8 +207,6 @@ class MoEModelArgs(HeadShape, BaseModelArgs):
             per_head = self.qk_nope_head_dim + self.qk_rope_head_dim + self.v_head_dim
         return 6 * self.matmul_params(active=True) + 6 * self.n_layers * self.n_heads * per_head * seq_len
 
-    def get_nparams_and_flops(self, model: nn.Module, seq_len: int) -> tuple[int, int]:
-        return sum(p.numel() for p in model.parameters()), self.flops_per_token(seq_len)
 
 
 def _mla(**shape) -> dict:

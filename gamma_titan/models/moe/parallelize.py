@@ -5,7 +5,7 @@ The order is TorchTitan's: TP → EP → AC → compile (per block) → FSDP. Ro
 sharded by expert over the `ep` mesh (which TorchTitan's ParallelDims carves out of the
 data-parallel ranks) with all-to-all token dispatch; everything else is FSDP-sharded as
 in the dense model, the experts over the remaining `efsdp` ranks. TP covers the attention
-(MHA or MLA, models/dense/parallelize.attention_tp_plan), the shared experts and the
+(MHA or MLA, models/common/parallelize.attention_tp_plan), the shared experts and the
 routed experts' hidden dimension; TP together with EP is refused by the pre-flight
 checks for now.
 """
@@ -22,24 +22,12 @@ from torchtitan.models.llama4.infra.parallelize import apply_compile, apply_fsdp
 from torchtitan.tools.logging import logger
 from torchtitan.tools.utils import device_type
 
-from gamma_titan.models.dense.parallelize import apply_tp, force_sum_reductions
+from gamma_titan.models.common.parallelize import apply_tp, force_sum_reductions
 
 from .expert_parallel import ExpertParallel
 
 
-def set_aux_loss_weight(model: nn.Module, parallel_dims: ParallelDims, job_config) -> None:
-    """Each micro-batch's share of the global batch (see MoELayer.aux_loss_weight)."""
-    t = job_config.training
-    dp = parallel_dims.dp_replicate * parallel_dims.dp_shard  # the ranks the LM loss is averaged over
-    global_batch = t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * dp
-    accumulation = global_batch // (t.local_batch_size * dp)
-    for block in model.layers.values():
-        if block.moe_enabled:
-            block.moe.aux_loss_weight = 1.0 / (dp * accumulation)
-
-
 def parallelize_moe(model: nn.Module, parallel_dims: ParallelDims, job_config) -> nn.Module:
-    set_aux_loss_weight(model, parallel_dims, job_config)
     if parallel_dims.tp_enabled:
         # Attention, norms, embedding, output and dense layers: the dense model's plan;
         # MoE layers: TorchTitan's (replicated router, column/row-parallel shared experts,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from gamma_titan.config import FLOAT8_LINEAR
+from gamma_titan.models.common.parallelize import FLOAT8_LINEAR
 from gamma_titan.errors import ConfigError
 
 AUTO = -1
@@ -52,8 +52,8 @@ def _derive_expert_parallel(config, args, world_size: int, local_world_size: int
     p = config.parallelism
     if p.expert_parallel_degree != AUTO:
         return
-    experts = getattr(args, "n_routed_experts", None)
-    if experts is None:  # a dense model: nothing to shard by expert
+    experts = args.expert_parallel_divisor()
+    if experts == 1:  # no experts: nothing to shard by expert
         p.expert_parallel_degree = 1
         return
     shard = p.data_parallel_shard_degree

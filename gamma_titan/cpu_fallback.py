@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import platform as _platform
+import platform
 import resource
 import sys
 import types
@@ -40,14 +40,14 @@ class _CpuDeviceModule(types.ModuleType):
     """
 
     def __init__(self) -> None:
-        super().__init__("gamma_titan.platform.cpu")
+        super().__init__("gamma_titan.cpu_fallback.cpu")
 
     def __getattr__(self, name: str):
         return getattr(torch.cpu, name)
 
     @staticmethod
     def get_device_name(device=None) -> str:
-        return _platform.processor() or _platform.machine() or "cpu"
+        return platform.processor() or platform.machine() or "cpu"
 
     @staticmethod
     def get_device_properties(device=None):

@@ -35,6 +35,8 @@ from torch.distributed.tensor import DTensor
 from torchtitan.tools.logging import logger
 
 STEP_FOLDER = re.compile(r"^step-(\d+)$")
+#: What a non-finite step does (gamma.reliability.on_nonfinite): skip its update, or stop.
+ON_NONFINITE = ("skip", "stop")
 
 
 class NonFiniteError(RuntimeError):
@@ -45,16 +47,24 @@ class NonFiniteError(RuntimeError):
 
 
 def checkpoint_steps(folder: str | os.PathLike) -> tuple[list[int], list[int]]:
-    """(complete, incomplete) step numbers of the step-N folders in a checkpoint folder."""
+    """(complete, incomplete) step numbers of the DCP step-N folders in a checkpoint
+    folder. A finished Hugging Face export (`checkpoint.last_save_in_hf`: config.json and
+    safetensors, no .metadata) is neither: it is never resumed from, nor purged."""
     complete, incomplete = [], []
     root = Path(folder)
     if not root.is_dir():
         return complete, incomplete
     for entry in root.iterdir():
         match = STEP_FOLDER.match(entry.name)
-        if match and entry.is_dir():
-            (complete if (entry / ".metadata").is_file() else incomplete).append(int(match.group(1)))
+        if not match or not entry.is_dir() or is_hf_export(entry):
+            continue
+        (complete if (entry / ".metadata").is_file() else incomplete).append(int(match.group(1)))
     return sorted(complete), sorted(incomplete)
+
+
+def is_hf_export(step_folder: Path) -> bool:
+    """config.json is written last, after TorchTitan's safetensors (GammaCheckpointManager)."""
+    return (step_folder / "config.json").is_file() and not (step_folder / ".metadata").is_file()
 
 
 def report_incomplete_checkpoints(folder: str | os.PathLike) -> list[int]:

@@ -1,11 +1,13 @@
 """TorchTitan's CheckpointManager with the rules a multi-week run needs
-(gamma_titan/reliability.py has the checkpoint-folder rules themselves):
+(gamma_titan/training/reliability.py has the checkpoint-folder rules themselves):
 
   * a checkpoint is never written from parameters that are not finite;
   * when the run stops on SIGTERM (`stopping`), the current step is saved whatever the
     interval, and an async write is awaited: the process exits right after;
   * model.json (convert/model_record.py) is written next to the checkpoints after every
     save, so that `convert` and a resume's pre-flight know the model;
+  * a final save in Hugging Face form (`last_save_in_hf`) gets config.json, the modeling
+    code it needs and the tokenizer (convert/hf_folder.py), so transformers loads the folder;
   * keep-last-K counts complete checkpoints only, and incomplete ones (a save killed
     midway) are reported when the manager starts;
   * the live diagnostics' warm state is saved with every checkpoint, and loaded back when
@@ -20,7 +22,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.tools.logging import logger
 
-from gamma_titan.reliability import (
+from gamma_titan.training.reliability import (
     NonFiniteError,
     checkpoint_steps,
     parameters_finite,
@@ -97,6 +99,11 @@ class GammaCheckpointManager(CheckpointManager):
             from gamma_titan.convert.model_record import write_model_record
 
             write_model_record(self.folder, self.model_record)
+            if last_step and self.last_save_in_hf:  # TorchTitan wrote the weights; transformers needs the rest
+                from gamma_titan.convert.hf_folder import write_hf_files
+
+                write_hf_files(self._create_checkpoint_id(curr_step), self.model_record["model"], self.sd_adapter,
+                               self.model_record["tokenizer"], self.export_dtype)
 
     def _purge_stale_checkpoints(self) -> None:
         purge_keeping_complete(self)  # TorchTitan's own counts every step-N folder, complete or not

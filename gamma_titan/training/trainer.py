@@ -1,5 +1,5 @@
 """TorchTitan's Trainer, plus the live diagnostics of `[gamma.diagnostics]` and the
-safeguards of `[gamma.reliability]` (gamma_titan/reliability.py), added by overriding
+safeguards of `[gamma.reliability]` (gamma_titan/training/reliability.py), added by overriding
 what TorchTitan offers to override:
 
   * `train_step`: TorchTitan's step (micro-batches, the loss over the global token count,
@@ -10,7 +10,7 @@ what TorchTitan offers to override:
     (step 1 and every `freq` steps), `LiveDiagnostics.measure` on the probe batch, whose
     numbers go to the same metrics line as the step's loss;
   * `should_continue_training`: SIGTERM ends the run after the step in progress, which
-    the checkpointer (`GammaCheckpointManager`, gamma_titan/checkpoint.py) then saves;
+    the checkpointer (`GammaCheckpointManager`, gamma_titan/training/checkpoint.py) then saves;
   * when the data runs out (`gamma.data.on_exhausted = "stop"`), the last finished step is
     checkpointed before TorchTitan ends the loop (it would otherwise end without saving).
 """
@@ -25,15 +25,18 @@ from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
-from gamma_titan.checkpoint import GammaCheckpointManager
+from gamma_titan.training.checkpoint import GammaCheckpointManager
 from gamma_titan.diagnostics import LiveDiagnostics, build_probe_batch, diagnostics_due
-from gamma_titan.reliability import GracefulStop, StepGuard, step_verdict
+from gamma_titan.models.common.moe import set_micro_batch_share
+from gamma_titan.training.reliability import GracefulStop, StepGuard, step_verdict
 
 
 class GammaTrainer(Trainer):
     def __init__(self, job_config):
         super().__init__(job_config)
         self.checkpointer = self._gamma_checkpointer(self.checkpointer)
+        for part in self.model_parts:  # the MoE auxiliary loss is weighted by it
+            set_micro_batch_share(part, 1.0 / (self._data_parallel_degree() * self.gradient_accumulation_steps))
         self.diagnostics: LiveDiagnostics | None = None
         cfg = job_config.gamma.diagnostics
         if cfg.enable:
@@ -144,10 +147,15 @@ class GammaTrainer(Trainer):
         """The spike and where its data came from: the step's global batch, i.e. sequences
         [(step-1)·G, step·G) of the training order (G sequences per step), which
         `gamma_titan.data` reproduces from the data config alone."""
-        dp = self.parallel_dims.dp_replicate * self.parallel_dims.dp_shard
-        per_step = self.job_config.training.local_batch_size * self.gradient_accumulation_steps * dp
+        # TorchTitan's Trainer derived the accumulation steps from the global batch size.
+        per_step = self.gradient_accumulation_steps * self.job_config.training.local_batch_size \
+            * self._data_parallel_degree()
         return {"loss": loss, "running_mean": mean, "global_batch": self.step - 1,
                 "sequences": [(self.step - 1) * per_step, self.step * per_step]}
+
+    def _data_parallel_degree(self) -> int:
+        """The ranks a global batch is split over (its loss is averaged over them)."""
+        return self.parallel_dims.dp_replicate * self.parallel_dims.dp_shard
 
     def _log(self, verdict, loss: torch.Tensor, global_tokens: torch.Tensor, local_tokens: torch.Tensor,
              lr: float) -> None:

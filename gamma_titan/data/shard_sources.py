@@ -3,6 +3,7 @@
 Datasets read from token shards (the fast path; TorchTitan's text loader is not involved):
 
   builtin             the built-in corpus, pretokenized once per tokenizer into the cache
+                      (builtin_shards.py)
   builtin_validation  its held-out split
   memmap              `dataset_path` is
                         * a shard folder (meta.json inside),
@@ -24,44 +25,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gamma_titan.data.cache import build_once, cache_dir
+from gamma_titan.data.builtin_shards import ensure_builtin_shards
+from gamma_titan.data.names import BUILTIN, BUILTIN_VALIDATION, HF, MEMMAP
 from gamma_titan.data.sampling import Mixture, Sequences
 from gamma_titan.data.shards import META_FILE, TokenShards, TokenizerInfo, tokenizer_info
+from gamma_titan.data.tokenizer import HF_ASSETS_KEY, resolve_tokenizer_path
 from gamma_titan.errors import ConfigError
 
-BUILTIN = "builtin"
-BUILTIN_VALIDATION = "builtin_validation"
-MEMMAP = "memmap"
-SHARD_DATASETS = (BUILTIN, BUILTIN_VALIDATION, MEMMAP)
 MIXTURE_FILE_SUFFIXES = (".toml", ".json")
 
 
 @dataclass(frozen=True)
-class Source:
+class ShardSource:
+    """One shard folder of a run's data, and its weight in the mixture."""
+
     name: str
     folder: Path
     weight: float
 
 
-def ensure_builtin_shards(tokenizer_dir: str | Path) -> Path:
-    """The built-in corpus pretokenized with this tokenizer (built once, cached)."""
-    from gamma_titan.data.builtin_corpus import TRAIN_FILE, VALIDATION_FILE, corpus_name, ensure_builtin_corpus
-    from gamma_titan.data.pretokenize import pretokenize
-
-    info = tokenizer_info(tokenizer_dir)
-    corpus = ensure_builtin_corpus()
-
-    def build(tmp: Path) -> None:
-        pretokenize(str(corpus / TRAIN_FILE), tokenizer_dir, tmp, val_input=str(corpus / VALIDATION_FILE),
-                    progress=False)
-
-    return build_once(cache_dir() / "shards" / f"{corpus_name()}-{info.sha256[:12]}", build)
-
-
 # --------------------------------------------------------------------------- sources
 
 
-def _mixture_sources(base: Path, mixture: dict[str, Any], key: str) -> list[Source]:
+def _mixture_sources(base: Path, mixture: dict[str, Any], key: str) -> list[ShardSource]:
     if not isinstance(mixture, dict) or not mixture:
         raise ConfigError(f"{key}: must be a table of folder = weight, e.g. {{ web = 0.7, code = 0.3 }}")
     sources = []
@@ -74,7 +60,7 @@ def _mixture_sources(base: Path, mixture: dict[str, Any], key: str) -> list[Sour
         if not (folder / META_FILE).is_file():
             raise ConfigError(f"{key}.{name}: {folder} is not a shard folder (no {META_FILE}); "
                               "write one with `gamma-titan pretokenize`")
-        sources.append(Source(Path(name).name, folder, float(weight)))
+        sources.append(ShardSource(Path(name).name, folder, float(weight)))
     if not sum(s.weight for s in sources) > 0:
         raise ConfigError(f"{key}: the weights sum to 0; they must sum to a positive number")
     return sources
@@ -95,10 +81,10 @@ def _read_mixture_file(path: Path, key: str) -> dict[str, Any]:
     return data
 
 
-def resolve_sources(path: str | None, mixture: dict[str, float], key: str) -> list[Source]:
+def resolve_sources(path: str | None, mixture: dict[str, float], key: str) -> list[ShardSource]:
     """The shard folders (and weights) that `key` (a dataset_path) and the mixture name."""
     if not path:
-        raise ConfigError(f"{key}: dataset 'memmap' needs a shard folder, a folder of them with "
+        raise ConfigError(f"{key}: dataset '{MEMMAP}' needs a shard folder, a folder of them with "
                           "[gamma.data] mixture, or a mixture file")
     base = Path(path).expanduser()
     if not base.exists():
@@ -113,7 +99,7 @@ def resolve_sources(path: str | None, mixture: dict[str, float], key: str) -> li
         if mixture:
             raise ConfigError(f"gamma.data.mixture: set, but {key} = {path} is a single shard folder; "
                               "point it at the folder that holds the mixture's folders")
-        return [Source(base.name, base, 1.0)]
+        return [ShardSource(base.name, base, 1.0)]
     if not mixture:
         raise ConfigError(f"{key}: {path} is not a shard folder (no {META_FILE}); point at one, or mix its "
                           "subfolders with [gamma.data] mixture")
@@ -123,7 +109,7 @@ def resolve_sources(path: str | None, mixture: dict[str, float], key: str) -> li
 # --------------------------------------------------------------------------- from a job config
 
 
-def dataset_sources(job_config, section: str, tokenizer_dir: Path) -> tuple[list[Source], str]:
+def dataset_sources(job_config, section: str, tokenizer_dir: Path) -> tuple[list[ShardSource], str]:
     """(sources, split) that `[section]` ("training" or "validation") reads."""
     cfg = getattr(job_config, section)
     name = cfg.dataset.lower()
@@ -131,8 +117,8 @@ def dataset_sources(job_config, section: str, tokenizer_dir: Path) -> tuple[list
         split = "validation" if section == "validation" or name == BUILTIN_VALIDATION else "train"
         if cfg.dataset_path:
             raise ConfigError(f"{section}.dataset_path: must be unset for dataset '{name}' (got "
-                              f"'{cfg.dataset_path}'); use dataset = \"memmap\" or \"hf\" for your own data")
-        return [Source(BUILTIN, ensure_builtin_shards(tokenizer_dir), 1.0)], split
+                              f"'{cfg.dataset_path}'); use dataset = \"{MEMMAP}\" or \"{HF}\" for your own data")
+        return [ShardSource(BUILTIN, ensure_builtin_shards(tokenizer_dir), 1.0)], split
     path, key = cfg.dataset_path, f"{section}.dataset_path"
     if section == "validation" and not path and job_config.training.dataset_path:
         path, key = job_config.training.dataset_path, "training.dataset_path"
@@ -142,8 +128,6 @@ def dataset_sources(job_config, section: str, tokenizer_dir: Path) -> tuple[list
 
 def open_samples(job_config, section: str, seq_len: int, tokenizer_dir: str | Path | None = None):
     """The global sample sequence of `[section]`: `Sequences` or `Mixture` (sampling.py)."""
-    from gamma_titan.data.tokenizer import HF_ASSETS_KEY, resolve_tokenizer_path
-
     tokenizer_dir = Path(tokenizer_dir or resolve_tokenizer_path(job_config.model.hf_assets_path))
     tokenizer: TokenizerInfo = tokenizer_info(tokenizer_dir)
     sources, split = dataset_sources(job_config, section, tokenizer_dir)
@@ -158,7 +142,3 @@ def open_samples(job_config, section: str, seq_len: int, tokenizer_dir: str | Pa
     if len(streams) == 1:
         return streams[0]
     return Mixture(streams, [s.weight for s in sources])
-
-
-def is_shard_dataset(name: str) -> bool:
-    return (name or "").lower() in SHARD_DATASETS

@@ -27,14 +27,15 @@ import torch
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import IterableDataset
 
+from gamma_titan.data.names import ON_EXHAUSTED
 from gamma_titan.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-ON_EXHAUSTED = ("wrap", "stop")
-
 
 class PackedSequences(IterableDataset, Stateful):
+    """One data-parallel rank's local batches of a global sample sequence (see the module)."""
+
     def __init__(self, samples, dp_rank: int, dp_world_size: int, local_batch_size: int, *,
                  on_exhausted: str = "wrap", restart: bool = False, name: str = "dataset",
                  key: str = "training.dataset"):

@@ -1,0 +1,85 @@
+"""Value checks of the [gamma] tables, each failing with one ConfigError line that names
+the key as the TOML spells it."""
+
+import math
+from typing import Any
+
+from gamma_titan.data.names import ON_EXHAUSTED
+from gamma_titan.errors import ConfigError
+from gamma_titan.init import GROUPS
+from gamma_titan.models.common import ATTENTION_GATES
+from gamma_titan.training.reliability import ON_NONFINITE
+
+from .schema import Data, Diagnostics, Gamma, Reliability
+
+MAX_INIT_RATE = 4.0
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_init_rate(key: str, value: Any) -> None:
+    if not _is_number(value) or not 0 < value <= MAX_INIT_RATE:
+        raise ConfigError(f"{key} = {value!r}: must be a number in (0, {MAX_INIT_RATE:g}]")
+
+
+def check_gamma(gamma: Gamma) -> None:
+    _check_init_rate("gamma.init_rate", gamma.init_rate)
+    if not _is_number(gamma.norm_eps) or gamma.norm_eps <= 0:
+        raise ConfigError(f"gamma.norm_eps = {gamma.norm_eps!r}: must be a number > 0")
+    if gamma.attention_gate not in ATTENTION_GATES:
+        raise ConfigError(
+            f"gamma.attention_gate = {gamma.attention_gate!r}: allowed {', '.join(ATTENTION_GATES)}"
+        )
+    if not _is_number(gamma.init_truncation) or gamma.init_truncation < 0:
+        raise ConfigError(
+            f"gamma.init_truncation = {gamma.init_truncation!r}: must be >= 0 (0 = no truncation)"
+        )
+    for group in GROUPS:
+        value = getattr(gamma.init_rate_overrides, group)
+        if value is not None:
+            _check_init_rate(f"gamma.init_rate_overrides.{group}", value)
+    _check_diagnostics(gamma.diagnostics)
+    _check_data(gamma.data)
+    _check_reliability(gamma.reliability)
+
+
+def _check_reliability(r: Reliability) -> None:
+    if r.on_nonfinite not in ON_NONFINITE:
+        raise ConfigError(f"gamma.reliability.on_nonfinite = {r.on_nonfinite!r}: allowed {', '.join(ON_NONFINITE)}")
+    for key, low in (("max_skipped_steps", 0), ("loss_spike_window", 2)):
+        value = getattr(r, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ConfigError(f"gamma.reliability.{key} = {value!r}: must be an integer >= {low}")
+    if not _is_number(r.loss_spike_factor) or (r.loss_spike_factor != 0 and r.loss_spike_factor <= 1):
+        raise ConfigError(f"gamma.reliability.loss_spike_factor = {r.loss_spike_factor!r}: must be > 1 (0 = off)")
+    if not _is_number(r.stop_grace_seconds) or r.stop_grace_seconds <= 0:
+        raise ConfigError(f"gamma.reliability.stop_grace_seconds = {r.stop_grace_seconds!r}: must be a number > 0")
+
+
+def _check_data(d: Data) -> None:
+    if not isinstance(d.mixture, dict):
+        raise ConfigError(f"gamma.data.mixture = {d.mixture!r}: must be a table of folder = weight")
+    for name, weight in d.mixture.items():
+        if not _is_number(weight) or weight < 0:
+            raise ConfigError(f"gamma.data.mixture.{name} = {weight!r}: a weight must be a number >= 0")
+    if d.mixture and not sum(d.mixture.values()) > 0:
+        raise ConfigError("gamma.data.mixture: the weights sum to 0; they must sum to a positive number")
+    if not isinstance(d.shuffle, bool):
+        raise ConfigError(f"gamma.data.shuffle = {d.shuffle!r}: must be true or false")
+    if not isinstance(d.seed, int) or isinstance(d.seed, bool) or d.seed < 0:
+        raise ConfigError(f"gamma.data.seed = {d.seed!r}: must be an integer >= 0")
+    if d.on_exhausted not in ON_EXHAUSTED:
+        raise ConfigError(f"gamma.data.on_exhausted = {d.on_exhausted!r}: allowed {', '.join(ON_EXHAUSTED)}")
+
+
+def _check_diagnostics(d: Diagnostics) -> None:
+    if not isinstance(d.enable, bool):
+        raise ConfigError(f"gamma.diagnostics.enable = {d.enable!r}: must be true or false")
+    for key, low in (("freq", 1), ("probe_batch", 1), ("cosine_rows", 2)):
+        value = getattr(d, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ConfigError(f"gamma.diagnostics.{key} = {value!r}: must be an integer >= {low}")
+    if not isinstance(d.cosine_params, list) or not all(isinstance(n, str) for n in d.cosine_params):
+        raise ConfigError(f"gamma.diagnostics.cosine_params = {d.cosine_params!r}: must be a list of weight names")

@@ -1,0 +1,189 @@
+"""Text sources: where a path names documents, and opening them as a `datasets` dataset.
+
+One grammar serves the "hf" dataset's `dataset_path`, `gamma-titan pretokenize --input` and
+`gamma-titan tokenizer train --input`. A source is one of
+  * a local .jsonl / .json / .parquet / .txt file,
+  * a local folder of such files (searched recursively, one kind only),
+  * a local folder written by `Dataset.save_to_disk` (`folder:split` picks a split of a
+    saved DatasetDict),
+  * a hub dataset id `owner/name`, `owner/name/config`, each optionally followed by
+    `:split` (default split "train"); streamed.
+Records must have a "text" field; other fields are dropped. A .txt file gives one record per
+blank-line-separated paragraph.
+
+`parse_source` decides which one a string is without loading anything (one-line errors
+naming the config key); `load_source` opens it. Local data never touches the network, with
+or without HF_DATASETS_OFFLINE=1: files are read with the packaged json/parquet/text
+builders (never a hub lookup) or `load_from_disk`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gamma_titan.data.cache import cache_dir
+from gamma_titan.data.names import HF
+from gamma_titan.errors import ConfigError
+
+TEXT_FIELD = "text"
+
+# File suffix -> packaged `datasets` builder that reads it.
+FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
+
+_HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:/(?P<config>[\w.-]+))?")
+_SPLIT = re.compile(r"[A-Za-z0-9][\w.-]*")
+
+_SOURCE_HELP = (
+    "use a local .jsonl/.json/.parquet/.txt file or folder, a save_to_disk folder, "
+    "or a hub id owner/name[/config][:split]"
+)
+
+
+@dataclass(frozen=True)
+class TextSource:
+    """Where a source string points, decided without loading anything."""
+
+    kind: str  # "files" | "saved" | "hub"
+    location: str  # local path, or hub repo id "owner/name"
+    builder: str | None = None  # packaged builder for kind "files"
+    files: tuple[str, ...] = ()  # data files for kind "files"
+    config: str | None = None  # hub config name
+    split: str | None = None  # hub split / saved DatasetDict split
+
+
+def parse_source(value: str | None, key: str = "dataset_path") -> TextSource:
+    """Classify a source string; raise a one-line ConfigError naming `key` if unusable."""
+    value = (value or "").strip()
+    if not value:
+        raise ConfigError(f"{key}: the '{HF}' dataset needs a path; {_SOURCE_HELP}")
+
+    base, split = value, None
+    if ":" in value and not Path(value).expanduser().exists():
+        head, tail = value.rsplit(":", 1)
+        if _SPLIT.fullmatch(tail):
+            base, split = head, tail
+
+    local = Path(base).expanduser()
+    if local.exists():
+        return _local_source(local, split, value, key)
+    if looks_local(base):
+        raise ConfigError(f"{key}: '{value}' does not exist; {_SOURCE_HELP}")
+    match = _HUB_ID.fullmatch(base)
+    if not match:
+        raise ConfigError(
+            f"{key}: '{value}' is neither an existing local path nor a hub dataset id; "
+            + _SOURCE_HELP
+        )
+    return TextSource("hub", match["repo"], config=match["config"], split=split or "train")
+
+
+def looks_local(value: str) -> bool:
+    """Strings that can only mean a local path (so a missing one is an error, not a hub id)."""
+    if value.startswith(("/", "./", "../", "~")) or Path(value).suffix in FILE_BUILDERS:
+        return True
+    first = value.split("/", 1)[0]
+    return "/" in value and Path(first).is_dir()  # e.g. "data/foo" when ./data exists
+
+
+def _is_saved_dataset(folder: Path) -> bool:
+    """Folders written by `Dataset.save_to_disk` / `DatasetDict.save_to_disk`."""
+    return (folder / "state.json").is_file() or (folder / "dataset_dict.json").is_file()
+
+
+def _local_source(local: Path, split: str | None, value: str, key: str) -> TextSource:
+    if local.is_dir() and _is_saved_dataset(local):
+        return TextSource("saved", str(local), split=split)
+    if split is not None:
+        raise ConfigError(
+            f"{key}: '{value}': ':{split}' only applies to hub ids and save_to_disk folders; "
+            "point at the file or folder of that split instead"
+        )
+    if local.is_file():
+        builder = FILE_BUILDERS.get(local.suffix.lower())
+        if builder is None:
+            raise ConfigError(
+                f"{key}: '{value}' has an unsupported file type; "
+                f"allowed: {', '.join(FILE_BUILDERS)}"
+            )
+        return _nonempty(TextSource("files", str(local), builder, (str(local),)), value, key)
+
+    files = sorted(
+        p
+        for p in local.rglob("*")
+        if p.is_file()
+        and p.suffix.lower() in FILE_BUILDERS
+        and not any(part.startswith(".") for part in p.relative_to(local).parts)
+    )
+    builders = {FILE_BUILDERS[p.suffix.lower()] for p in files}
+    if not files:
+        raise ConfigError(
+            f"{key}: folder '{value}' has no {'/'.join(FILE_BUILDERS)} files "
+            "and is not a save_to_disk folder"
+        )
+    if len(builders) > 1:
+        raise ConfigError(
+            f"{key}: folder '{value}' mixes file types ({', '.join(sorted(builders))}); "
+            "put one kind of file in a folder"
+        )
+    return _nonempty(TextSource("files", str(local), builders.pop(), tuple(str(p) for p in files)), value, key)
+
+
+def _nonempty(source: TextSource, value: str, key: str) -> TextSource:
+    if all(os.path.getsize(f) == 0 for f in source.files):  # `datasets` fails obscurely on these
+        raise ConfigError(f"{key}: '{value}' is empty (no documents)")
+    return source
+
+
+def _arrow_cache_dir() -> str | None:
+    """Where `datasets` converts local files to arrow: our cache, unless the user chose one."""
+    if os.environ.get("HF_DATASETS_CACHE"):
+        return None
+    return str(cache_dir() / "hf-datasets")
+
+
+def load_source(source: TextSource, value: str) -> Any:
+    """Open a parsed source as a `datasets.Dataset` (local) or `IterableDataset` (hub)."""
+    # Imported here: `datasets` takes seconds to import, and parsing a source needs none of it.
+    from datasets import DatasetDict, load_dataset, load_from_disk
+
+    if source.kind == "files":
+        # One record per paragraph for plain text: one per line would split sentences of
+        # wrapped prose, one per file could be gigabytes.
+        options = {"sample_by": "paragraph"} if source.builder == "text" else {}
+        ds = load_dataset(
+            source.builder,
+            data_files=list(source.files),
+            split="train",  # packaged builders put all data_files in "train"
+            cache_dir=_arrow_cache_dir(),
+            **options,
+        )
+    elif source.kind == "saved":
+        ds = load_from_disk(source.location)
+        if isinstance(ds, DatasetDict):
+            split = source.split or "train"
+            if split not in ds:
+                raise ConfigError(
+                    f"dataset_path '{value}': no split '{split}'; "
+                    f"available: {', '.join(ds)} (write it as '<folder>:<split>')"
+                )
+            ds = ds[split]
+    else:
+        # Streaming: nothing is downloaded up front, and TorchTitan checkpoints the stream.
+        ds = load_dataset(source.location, name=source.config, split=source.split, streaming=True)
+    return _keep_text_column(ds, value)
+
+
+def _keep_text_column(ds: Any, value: str) -> Any:
+    columns = ds.column_names  # None for a stream whose features are not declared
+    if columns is None:
+        return ds
+    if TEXT_FIELD not in columns:
+        raise ConfigError(
+            f"dataset_path '{value}': no '{TEXT_FIELD}' column (columns: {', '.join(columns)}); "
+            f"the '{HF}' dataset reads the '{TEXT_FIELD}' column"
+        )
+    return ds.select_columns([TEXT_FIELD]) if len(columns) > 1 else ds

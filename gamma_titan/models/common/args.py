@@ -1,0 +1,82 @@
+"""What every family's args offer the code outside `models/`.
+
+A family's args dataclass (`models/<family>/args.py`) inherits `GammaArgs` and holds its
+fields, flavors and checks. Code outside `models/` never reads a family-specific field:
+it asks these methods, which a family overrides where it differs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from torch import nn
+from torchtitan.protocols.model import BaseModelArgs
+
+from gamma_titan.init import GROUPS, GammaInit
+
+#: The fields [gamma] sets (the paper's three knobs); [model_args] sets the others.
+KNOBS = ("norm_eps", "attention_gate", "init")
+
+
+class GammaArgs(BaseModelArgs):
+    # --- the job config --------------------------------------------------------------
+
+    def update_from_config(self, job_config, **kwargs) -> None:
+        """Write [model_args] and [gamma] into this flavor, then check the shape. Called by
+        TorchTitan's Trainer, and by the pre-flight checks, so both see the same model.
+        ([gamma]'s values were checked when the config was parsed.)"""
+        from gamma_titan.errors import ConfigError
+
+        allowed = {f.name for f in fields(self)} - set(KNOBS)
+        for f in fields(job_config.model_args):
+            value = getattr(job_config.model_args, f.name)
+            if value is None:
+                continue
+            if f.name not in allowed:
+                raise ConfigError(f"model_args.{f.name} does not apply to model {job_config.model.name}")
+            setattr(self, f.name, value)
+        gamma = job_config.gamma
+        self.norm_eps = float(gamma.norm_eps)
+        self.attention_gate = gamma.attention_gate
+        overrides = {g: float(v) for g in GROUPS if (v := getattr(gamma.init_rate_overrides, g)) is not None}
+        self.init = GammaInit(rate=float(gamma.init_rate), rate_overrides=overrides,
+                              truncation=float(gamma.init_truncation), seed=job_config.debug.seed)
+        seq_lens = [job_config.training.seq_len]
+        if job_config.validation.enable:
+            seq_lens.append(job_config.validation.seq_len)
+        self.max_seq_len = max(self.max_seq_len, *seq_lens)
+        self.check()
+
+    def check(self) -> None:
+        """Raise ConfigError (naming the [model_args] or [gamma] key) for a shape that cannot work."""
+        raise NotImplementedError
+
+    def check_parallelism(self, parallelism) -> None:
+        """Raise ConfigError for degrees of [parallelism] this model cannot be split by
+        (called before any process group starts)."""
+        raise NotImplementedError
+
+    # --- what the rest of the package asks ---------------------------------------------
+
+    def expert_parallel_divisor(self) -> int:
+        """What an expert-parallel degree must divide (the routed experts); 1: the model
+        has no experts, so expert parallelism does not apply."""
+        return 1
+
+    def active_params(self) -> int | None:
+        """Parameters one token passes through, where that differs from all (MoE)."""
+        return None
+
+    def float8_excluded_fqns(self) -> list[str]:
+        """Linear layers that stay in high precision under float8 training."""
+        return []
+
+    def default_cosine_params(self) -> list[str]:
+        """The weights the live diagnostics draw row-cosine maps of by default."""
+        return []
+
+    def flops_per_token(self, seq_len: int) -> int:
+        raise NotImplementedError
+
+    def get_nparams_and_flops(self, model: nn.Module, seq_len: int) -> tuple[int, int]:
+        return sum(p.numel() for p in model.parameters()), self.flops_per_token(seq_len)

@@ -1,0 +1,124 @@
+"""Training entry point, run by `torchrun ... -m gamma_titan.train --job.config_file CONFIG.toml`.
+
+TorchTitan's Trainer does the training (GammaTrainer, trainer.py); this module parses and
+checks the config first (preflight.py), so that bad input ends in one line before any
+process group starts or any file is written, and logs the `inspect` summary of the model
+at start-up.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from gamma_titan.config import load_job_config
+from gamma_titan.errors import ConfigError
+from gamma_titan.inspect_model import format_report, inspect_model, tokens_per_step
+from gamma_titan.training.preflight import preflight, world_size_from_env
+
+#: Above this many parameters the startup summary skips the measured part (it draws
+#: every weight once more on the CPU); `gamma-titan inspect` always measures.
+STARTUP_MEASURE_MAX_PARAMS = 2_000_000_000
+
+
+def startup_summary(spec, args, config, device_type: str) -> str:
+    """The `inspect` report, logged by rank 0 before training. Measuring it draws every
+    weight once more on rank 0's CPU (tens of seconds at 1.5B, while the other ranks
+    wait), so a GPU run, or a big model, gets the static part only: its step-1 live
+    diagnostics measure σ²(h) and the residual flow on the real weights anyway."""
+    import torch
+
+    with torch.device("meta"):
+        n_params = sum(p.numel() for p in spec.model_cls(args).parameters())
+    measure = device_type == "cpu" and n_params <= STARTUP_MEASURE_MAX_PARAMS
+    report = inspect_model(spec, args, config.training.seq_len, measure=measure)
+    report["tokens_per_step"] = tokens_per_step(config)
+    report["attention_kernels"] = attention_kernels(args, config, device_type)
+    text = format_report(report)
+    if not measure:
+        why = "on a GPU run" if device_type != "cpu" else "at this size"
+        text += (f"\n(measured std, σ²(h) and residual flow skipped {why}: the live diagnostics measure them "
+                 "at step 1, and `gamma-titan inspect` on the config measures them at init)")
+    return text
+
+
+def attention_kernels(args, config, device_type: str) -> list[str]:
+    """Which SDPA kernel each attention kind will run (a WARNING line for the math kernel,
+    which holds the whole T x T score matrix)."""
+    from torchtitan.config import TORCH_DTYPE_MAP
+
+    from gamma_titan.models.common.sdpa import attention_backend_lines
+
+    dtype = TORCH_DTYPE_MAP[config.training.mixed_precision_param]  # what SDPA sees under FSDP or autocast
+    deterministic = config.debug.deterministic and not config.debug.deterministic_warn_only
+    return attention_backend_lines(args, dtype, device_type, deterministic, seq_len=config.training.seq_len)
+
+
+def single_process_env() -> None:
+    """`python -m gamma_titan.train` without torchrun: act as a world of one."""
+    if "LOCAL_RANK" in os.environ:
+        return
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+
+
+def run(config) -> None:
+    """TorchTitan's `torchtitan.train.main`, with an already parsed and checked config."""
+    import torch
+    from torchtitan.tools.logging import logger
+    from gamma_titan.training.trainer import GammaTrainer
+
+    trainer = None
+    try:
+        trainer = GammaTrainer(config)
+        if config.checkpoint.create_seed_checkpoint:
+            if world_size_from_env() != 1:
+                raise ConfigError("checkpoint.create_seed_checkpoint needs a single process")
+            trainer.checkpointer.save(curr_step=0, last_step=True)
+            logger.info("Created seed checkpoint")
+        else:
+            trainer.train()
+    finally:
+        if trainer is not None:
+            trainer.close()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> None:
+    from torchtitan.tools.logging import init_logger, logger
+
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        config = load_job_config(argv)
+        spec, args = preflight(config)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    single_process_env()
+    init_logger()
+    if int(os.environ.get("RANK", "0")) == 0:
+        from gamma_titan.training.run_record import write_run_record
+
+        record = write_run_record(config, world_size_from_env())
+        logger.info(f"run record (resolved config, versions, command): {record}")
+        from torchtitan.tools.utils import device_type
+
+        summary = startup_summary(spec, args, config, device_type)
+        logger.info("gamma-titan model at init:\n" + summary)
+        for line in summary.splitlines():  # the math attention kernel, an ε-dominated norm
+            if line.startswith("WARNING: "):
+                logger.warning(line.removeprefix("WARNING: "))
+    from gamma_titan.training.reliability import NonFiniteError
+
+    try:
+        run(config)
+    except NonFiniteError as e:  # [gamma.reliability]: the run stops, naming the step
+        logger.error(str(e))
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(3)

@@ -1,0 +1,240 @@
+"""Pre-flight: the settings a config leaves to the machine, derived (derive.py), then every
+check that can run before training starts, so that bad input ends in one ConfigError line
+before any process group starts or any file is written."""
+
+from __future__ import annotations
+
+import os
+
+from gamma_titan.errors import ConfigError
+from gamma_titan.inspect_model import resolve_model
+from gamma_titan.models.common.parallelize import FLOAT8_LINEAR
+
+
+def world_size_from_env() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def global_batch_size(training, data_parallel_degree: int) -> int:
+    """Sequences per optimizer step, as TorchTitan's Trainer computes it: pinned by
+    training.global_batch_size, else one local batch per data-parallel rank."""
+    pinned = training.global_batch_size
+    return pinned if pinned > 0 else training.local_batch_size * data_parallel_degree
+
+
+def check_parallelism(config, world_size: int, args) -> None:
+    p = config.parallelism
+    degrees = {
+        "parallelism.data_parallel_replicate_degree": p.data_parallel_replicate_degree,
+        "parallelism.tensor_parallel_degree": p.tensor_parallel_degree,
+        "parallelism.context_parallel_degree": p.context_parallel_degree,
+        "parallelism.pipeline_parallel_degree": p.pipeline_parallel_degree,
+        "parallelism.expert_parallel_degree": p.expert_parallel_degree,
+    }
+    for key, value in degrees.items():
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{key} = {value!r}: must be an integer >= 1")
+    if p.pipeline_parallel_degree > 1:
+        raise ConfigError(f"parallelism.pipeline_parallel_degree = {p.pipeline_parallel_degree}: "
+                          f"{config.model.name} supports 1 (no pipeline parallelism)")
+    if p.context_parallel_degree > 1:
+        # TorchTitan's CP shards the sequence and passes positions= to the model; our rotary
+        # cache is sliced by the local length, so each shard would be rotated as if it began
+        # at position 0.
+        raise ConfigError(f"parallelism.context_parallel_degree = {p.context_parallel_degree}: "
+                          f"{config.model.name} supports 1 (no context parallelism)")
+    ep = p.expert_parallel_degree
+    if ep > 1 and args.expert_parallel_divisor() == 1:
+        raise ConfigError(f"parallelism.expert_parallel_degree = {ep} applies to MoE models; "
+                          f"{config.model.name} needs 1")
+    args.check_parallelism(p)
+    non_dp = p.tensor_parallel_degree * p.context_parallel_degree * p.data_parallel_replicate_degree
+    shard = p.data_parallel_shard_degree
+    if shard == -1:
+        if world_size % non_dp:
+            raise ConfigError(
+                f"world size {world_size} is not divisible by tensor x context x replicate degrees = {non_dp}"
+            )
+    elif not isinstance(shard, int) or shard < 1 or shard * non_dp != world_size:
+        raise ConfigError(
+            f"parallelism.data_parallel_shard_degree = {shard!r}: the degrees multiply to "
+            f"{shard * non_dp if isinstance(shard, int) else '?'} but the world size is {world_size} "
+            "(use -1 to infer)"
+        )
+    dp_shard = world_size // non_dp if shard == -1 else shard
+    if ep > 1 and (dp_shard * p.context_parallel_degree) % ep:
+        raise ConfigError(f"parallelism.expert_parallel_degree = {ep} must divide the data-parallel "
+                          f"shard degree ({dp_shard}) x context parallel degree")
+    per_step = config.training.local_batch_size * dp_shard * p.data_parallel_replicate_degree
+    gbs = config.training.global_batch_size
+    if gbs != -1 and (not isinstance(gbs, int) or gbs < per_step or gbs % per_step):
+        raise ConfigError(f"training.global_batch_size = {gbs!r}: must be -1 or a multiple of local_batch_size x "
+                          f"data-parallel degree = {per_step} (the rest is gradient accumulation)")
+    if config.training.seq_len % p.tensor_parallel_degree:
+        raise ConfigError(f"training.seq_len = {config.training.seq_len} must be divisible by "
+                          f"parallelism.tensor_parallel_degree = {p.tensor_parallel_degree} (sequence parallelism)")
+
+
+def check_training(config) -> None:
+    t = config.training
+    for key in ("steps", "local_batch_size", "seq_len"):
+        value = getattr(t, key)
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"training.{key} = {value!r}: must be a positive integer")
+    positive = {"checkpoint.interval": config.checkpoint.interval, "metrics.log_freq": config.metrics.log_freq}
+    if config.validation.enable:
+        positive["validation.freq"] = config.validation.freq
+    for key, value in positive.items():
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{key} = {value!r}: must be a positive integer")
+    keep = config.checkpoint.keep_latest_k
+    if not isinstance(keep, int) or keep < 0 or keep == 1:
+        raise ConfigError(f"checkpoint.keep_latest_k = {keep!r}: must be 0 (keep all) or >= 2 (TorchTitan keeps "
+                          "a spare while the newest may still be being written)")
+    steps = config.validation.steps
+    if config.validation.enable and (not isinstance(steps, int) or (steps < 1 and steps != -1)):
+        raise ConfigError(f"validation.steps = {steps!r}: must be a positive integer, or -1 for the whole split")
+    from torchtitan.protocols.model_converter import _registry_model_converter_cls as converters
+
+    for name in config.model.converters:
+        if name not in converters:
+            raise ConfigError(f"model.converters: unknown converter {name!r}; allowed: {', '.join(sorted(converters))}")
+    if FLOAT8_LINEAR in config.model.converters:
+        import torch
+
+        compiled = config.compile.enable and "model" in config.compile.components
+        if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
+            if not config.quantize.linear.float8.emulate:
+                raise ConfigError("quantize.linear.float8.emulate must be true without an SM89+ GPU "
+                                  "(float8 runs emulated on this machine)")
+            if compiled:
+                raise ConfigError("compile.enable must be false with emulated float8 "
+                                  "(quantize.linear.float8.emulate)")
+
+
+def check_data(config, args, world_size: int = 1) -> None:
+    """Dataset names and paths (shard datasets: opened, so every shard is checked), and a
+    tokenizer whose vocabulary fits the model."""
+    from gamma_titan.data.names import is_shard_dataset
+    from gamma_titan.data.registry import check_dataset
+    from gamma_titan.data.shard_sources import open_samples
+    from gamma_titan.data.tokenizer import resolve_tokenizer_path, tokenizer_vocab_size
+
+    path = resolve_tokenizer_path(config.model.hf_assets_path)
+    vocab = tokenizer_vocab_size(path)
+    if vocab > args.vocab_size:
+        raise ConfigError(
+            f"model.hf_assets_path: the tokenizer at {path} has {vocab} tokens but "
+            f"model_args.vocab_size = {args.vocab_size}; use vocab_size >= {vocab}"
+        )
+    p = config.parallelism
+    dp = max(1, world_size // (p.tensor_parallel_degree * p.pipeline_parallel_degree * p.context_parallel_degree))
+    sections = [("training", config.training.seq_len, config.training.local_batch_size)]
+    if config.validation.enable or config.gamma.diagnostics.enable:  # the probe batch reads validation data
+        sections.append(("validation", config.validation.seq_len, config.validation.local_batch_size))
+    for section, _, _ in sections:  # every name and path first: opening shards may build the cache
+        cfg = getattr(config, section)
+        check_dataset(cfg.dataset, cfg.dataset_path, section)
+    for section, seq_len, batch in sections:
+        cfg = getattr(config, section)
+        if not is_shard_dataset(cfg.dataset):
+            continue
+        samples = open_samples(config, section, seq_len, path)
+        if section == "validation":  # one pass when steps = -1, else it wraps (TorchTitan's behaviour)
+            stops = config.validation.enable and config.validation.steps == -1
+        else:
+            stops = config.gamma.data.on_exhausted == "stop"
+        if stops and samples.epoch_samples < dp * batch:
+            raise ConfigError(
+                f"{section}.dataset: {samples.epoch_samples} sequences of seq_len {seq_len}, fewer than one "
+                f"global batch ({dp} x {batch}); add data or lower {section}.seq_len or local_batch_size")
+
+
+def check_diagnostics(config, spec, args) -> None:
+    """The probe batch's dataset and the weights named for row-cosine maps."""
+    from gamma_titan.data.loader import probe_tokens
+    from gamma_titan.data.names import is_shard_dataset
+    from gamma_titan.diagnostics.live import weight_matrices
+
+    d = config.gamma.diagnostics
+    if not d.enable:
+        return
+    if is_shard_dataset(config.validation.dataset):  # cheap: reads probe_batch sequences
+        probe_tokens(config, d.probe_batch, tokenizer=None)
+    if d.cosine_params:
+        import torch
+
+        with torch.device("meta"):
+            matrices = [n for n, w in weight_matrices(spec.model_cls(args)).items() if w.ndim == 2]
+        for name in d.cosine_params:
+            if name not in matrices:
+                raise ConfigError(f"gamma.diagnostics.cosine_params: {name!r} is not a weight matrix of "
+                                  f"{config.model.name}; e.g. {', '.join(matrices[:4])}, ...")
+
+
+def parameter_shapes(model_name: str, args) -> dict[str, tuple[int, ...]]:
+    """Every parameter's name and shape, from a model built on the meta device."""
+    import torch
+
+    from gamma_titan.models import TRAIN_SPECS
+
+    with torch.device("meta"):
+        return {n: tuple(p.shape) for n, p in TRAIN_SPECS[model_name].model_cls(args).named_parameters()}
+
+
+def check_resume(config, args) -> None:
+    """The checkpoint a run would resume from must be a full one of this model. DCP
+    itself reports either problem only after the process group is up, as a raw traceback."""
+    import json
+    from pathlib import Path
+
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from gamma_titan.convert.model_record import MODEL_FILE, args_from_record, model_record
+    from gamma_titan.training.reliability import checkpoint_steps
+
+    ckpt = config.checkpoint
+    folder = Path(config.job.dump_folder) / ckpt.folder
+    if not ckpt.enable or not folder.is_dir():
+        return
+    complete, _ = checkpoint_steps(folder)
+    step = ckpt.load_step if ckpt.load_step != -1 else (complete[-1] if complete else -1)
+    if step <= 0 or step not in complete:  # none yet, step-0 (a seed: model only), or TorchTitan's own error
+        return
+    if (folder / MODEL_FILE).is_file():
+        saved = json.loads((folder / MODEL_FILE).read_text(encoding="utf-8"))
+        saved_name, saved_args = args_from_record(saved)
+        if parameter_shapes(saved_name, saved_args) != parameter_shapes(config.model.name, args):
+            ours = json.loads(json.dumps(model_record(config.model.name, config.model.flavor, args, None)))
+            differ = [f"model_args.{k} = {saved['args'].get(k)!r} there, {v!r} here" for k, v in ours["args"].items()
+                      if k not in ("init", "max_seq_len") and saved["args"].get(k) != v]
+            if saved_name != config.model.name:
+                differ.insert(0, f"model.name = {saved_name!r} there, {config.model.name!r} here")
+            raise ConfigError(f"checkpoint.folder: {folder} holds checkpoints of another model shape "
+                              f"({'; '.join(differ)}); use another job.dump_folder, or the model they were saved with")
+    keys = FileSystemReader(str(folder / f"step-{step}")).read_metadata().state_dict_metadata
+    if not any(key.startswith("train_state") for key in keys):
+        raise ConfigError(
+            f"checkpoint.folder: step-{step} in {folder} holds the model only (checkpoint.last_save_model_only = "
+            f"true), which cannot resume a run; start a new job.dump_folder with --checkpoint.initial_load_path "
+            f"{folder / f'step-{step}'} for its weights, or resume from a full checkpoint (--checkpoint.load_step)")
+
+
+def preflight(config, world_size: int | None = None, local_world_size: int | None = None):
+    """Settings derived from the world size (gamma_titan/training/derive.py), then every check that
+    can run before training starts; returns (spec, model args). `world_size` defaults to
+    torchrun's WORLD_SIZE, `local_world_size` (GPUs per node) to LOCAL_WORLD_SIZE, else
+    the world size (one node)."""
+    from gamma_titan.training.derive import derive_settings
+
+    world_size = world_size_from_env() if world_size is None else world_size
+    if local_world_size is None:
+        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    spec, args = resolve_model(config)
+    derive_settings(config, args, world_size, local_world_size)
+    check_training(config)
+    check_parallelism(config, world_size, args)
+    check_data(config, args, world_size)
+    check_diagnostics(config, spec, args)
+    check_resume(config, args)
+    return spec, args

@@ -1,0 +1,36 @@
+"""The TrainSpec of a gamma_titan model family: its model, flavors and parallelize
+function, with TorchTitan's components and ours (data, tokenizer, metrics)."""
+
+from torchtitan.components.loss import build_cross_entropy_loss
+from torchtitan.components.lr_scheduler import build_lr_schedulers
+from torchtitan.components.optimizer import build_optimizers
+from torchtitan.components.tokenizer import HuggingFaceTokenizer
+from torchtitan.protocols.train_spec import TrainSpec
+
+from gamma_titan.data.loader import build_dataloader, build_validator
+from gamma_titan.training.metrics import build_metrics_processor
+
+
+def build_tokenizer(job_config) -> HuggingFaceTokenizer:
+    """TorchTitan's HF tokenizer; `hf_assets_path = "builtin"` means the project's own."""
+    from gamma_titan.data.tokenizer import resolve_tokenizer_path
+
+    return HuggingFaceTokenizer(str(resolve_tokenizer_path(job_config.model.hf_assets_path)))
+
+
+def family_spec(model_cls, flavors, parallelize_fn, *, build_optimizers_fn=build_optimizers,
+                state_dict_adapter=None) -> TrainSpec:
+    return TrainSpec(
+        model_cls=model_cls,
+        model_args=flavors,
+        parallelize_fn=parallelize_fn,
+        pipelining_fn=None,
+        build_optimizers_fn=build_optimizers_fn,
+        build_lr_schedulers_fn=build_lr_schedulers,
+        build_dataloader_fn=build_dataloader,
+        build_tokenizer_fn=build_tokenizer,
+        build_loss_fn=build_cross_entropy_loss,
+        build_validator_fn=build_validator,
+        build_metrics_processor_fn=build_metrics_processor,
+        state_dict_adapter=state_dict_adapter,
+    )
