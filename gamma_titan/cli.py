@@ -11,7 +11,8 @@
     gamma-titan report condensation RUN_DIR [RUN_DIR ...] [--out DIR] [--matrices NAME ...] [--steps N ...]
     gamma-titan report recipe RUN_ROOT [--out DIR]
     gamma-titan report tokens CKPT_SMALL CKPT_STD [--data NAME|DIR] [--tokens N] [--text T] [--out DIR]
-    gamma-titan recipe run NAME --scale tiny|paper [--launcher local|slurm] [--dry-run] [--out DIR] [--jobs N] [--steps N]
+    gamma-titan recipe run NAME --scale tiny|gpu|paper [--launcher local|slurm] [--dry-run] [--out DIR] [--jobs N]
+                           [--steps N] [--seeds S,S,...] [--allow-epochs E]
                                 [--section.key value ...]   (overrides for every run)
     gamma-titan recipe list
 
@@ -29,6 +30,7 @@ import sys
 from pathlib import Path
 
 from gamma_titan.errors import ConfigError
+from gamma_titan.recipes.spec import SCALES
 
 
 def _config_argv(config: str, overrides: list[str]) -> list[str]:
@@ -188,8 +190,14 @@ def cmd_recipe(ns, overrides: list[str]) -> int:
             recipe = load_recipe(name)
             print(f"{name:14s} {recipe.figure:10s} {recipe.title}")
         return 0
+    seeds = None
+    if ns.seeds is not None:
+        try:
+            seeds = [int(x) for x in ns.seeds.split(",")]
+        except ValueError:
+            raise ConfigError(f"--seeds {ns.seeds}: a comma-separated list of integers, e.g. 0,1,2") from None
     return run_recipe(ns.name, ns.scale, launcher=ns.launcher, dry_run=ns.dry_run, out=ns.out, jobs=ns.jobs,
-                      overrides=overrides, steps=ns.steps)
+                      overrides=overrides, steps=ns.steps, seeds=seeds, allow_epochs=ns.allow_epochs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -291,7 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
     recipe_sub = recipe.add_subparsers(dest="action", required=True)
     recipe_run = recipe_sub.add_parser("run", help="plan, launch (local or SLURM) and report a recipe")
     recipe_run.add_argument("name", metavar="NAME", help="a recipe in recipes/ (see `recipe list`) or a .toml path")
-    recipe_run.add_argument("--scale", required=True, choices=["tiny", "paper"])
+    recipe_run.add_argument("--scale", required=True, choices=list(SCALES),
+                            help="tiny: CPU, minutes per run; gpu: one GPU, about an hour per recipe; paper: the "
+                                 "paper's sizes and budgets on a cluster")
     recipe_run.add_argument("--launcher", default="local", choices=["local", "slurm"])
     recipe_run.add_argument("--dry-run", action="store_true",
                             help="print every run (slurm: also write the sbatch scripts); train nothing")
@@ -299,6 +309,10 @@ def build_parser() -> argparse.ArgumentParser:
     recipe_run.add_argument("--jobs", type=int, default=1, help="local: runs trained at once")
     recipe_run.add_argument("--steps", type=int, help="every run trains this many steps instead of its token budget "
                                                       "(a smoke test; tiny: a multiple of 4)")
+    recipe_run.add_argument("--seeds", help="comma-separated seeds every run is repeated over, instead of the "
+                                            "scale's (init and data order change with the seed)")
+    recipe_run.add_argument("--allow-epochs", type=float,
+                            help="passes over the training data a run may make (default: the scale's, 1)")
     recipe_run.set_defaults(run=cmd_recipe)
     recipe_sub.add_parser("list", help="the recipes in recipes/").set_defaults(run=cmd_recipe)
     return parser

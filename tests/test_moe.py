@@ -165,14 +165,18 @@ def test_aux_loss_enters_the_router_gradient_only():
     assert torch.equal(out_plain, out_aux)  # the forward output is untouched
     out_plain.sum().backward()
     out_aux.sum().backward()
-    # Reference: d(0.5 · 0.1 · balance_loss)/dW_router, written out from the router's scores.
+    # Reference: d(0.5 · 0.1 · mean over the 2 sequences of balance_loss)/dW_router, written
+    # out from the router's scores (DeepSeek-V3's sequence-wise loss).
     w = plain.router.gate.weight.detach().clone().requires_grad_()
-    scores = torch.sigmoid(x.reshape(-1, 32) @ w.T)
-    _, idx = torch.topk(scores.detach(), 2, dim=-1)
-    counts = torch.stack([(idx == e).sum() for e in range(4)])
-    (0.5 * 0.1 * balance_loss(scores, counts, 2)).backward()
+    total = 0
+    for sequence in x:
+        scores = torch.sigmoid(sequence @ w.T)
+        _, idx = torch.topk(scores.detach(), 2, dim=-1)
+        counts = torch.stack([(idx == e).sum() for e in range(4)])
+        total = total + balance_loss(scores, counts, 2) / len(x)
+    (0.5 * 0.1 * total).backward()
     torch.testing.assert_close(with_aux.router.gate.weight.grad - plain.router.gate.weight.grad, w.grad)
-    assert with_aux.last_aux_loss.item() > 0
+    assert with_aux.last_aux_loss.item() == pytest.approx(0.1 * total.item(), rel=1e-6)
     for (name, a), (_, b) in zip(plain.named_parameters(), with_aux.named_parameters()):
         if "router" not in name:
             assert torch.equal(a.grad, b.grad), name

@@ -1,11 +1,13 @@
-"""Recipes that train: gamma_sweep at the tiny scale with a CI-sized step budget and its
-report, a failing run that does not stop the others, and the token-level analysis of two
-of the sweep's checkpoints."""
+"""Recipes that train: gate_ablation at the tiny scale with two seeds and a CI-sized step
+budget, its report (mean ± std per cell, Δ with its noise, the claims table), a failing run
+that does not stop the others, and the token-level analysis of two of its checkpoints."""
 
 import json
+import math
 import os
 import re
 from html import unescape
+from statistics import mean, stdev
 import subprocess
 import sys
 
@@ -15,8 +17,11 @@ import pytest
 from helpers import REPO, faults
 from gamma_titan.reports.tokens import delta_sym_p, difficulty_bins
 
-SWEEP_STEPS = 20  # per run; the recipe's own budget is 900 steps (20 tokens per parameter)
-QUICK = ("--validation.steps", "2")  # 2 batches per evaluation, not the whole held-out split
+STEPS = 20  # per run; the recipe's own budget is 900 steps (20 tokens per parameter)
+SEEDS = "0,1"
+QUICK = ("--validation.steps", "2")  # 2 batches per evaluation
+CELLS = {"g0.5_gatenone": (0.5, "none"), "g0.5_gateelementwise": (0.5, "elementwise"),
+         "g1_gatenone": (1.0, "none"), "g1_gateelementwise": (1.0, "elementwise")}
 
 
 def recipe(*args: str, cwd=REPO, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -25,45 +30,61 @@ def recipe(*args: str, cwd=REPO, env: dict[str, str] | None = None) -> subproces
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory, builtin_assets):
-    out = tmp_path_factory.mktemp("recipe") / "gamma_sweep-tiny"
-    done = recipe("gamma_sweep", "--scale", "tiny", "--steps", str(SWEEP_STEPS), "--out", str(out), "--jobs", "2",
-                  *QUICK)  # two at a time: startup (imports, checks) overlaps
+def ablation(tmp_path_factory, builtin_assets):
+    out = tmp_path_factory.mktemp("recipe") / "gate_ablation-tiny"
+    done = recipe("gate_ablation", "--scale", "tiny", "--steps", str(STEPS), "--seeds", SEEDS, "--out", str(out),
+                  "--jobs", "2", *QUICK)  # two at a time: startup (imports, checks) overlaps
     assert done.returncode == 0, done.stdout + done.stderr
     return out, done.stdout
 
 
-def test_tiny_gamma_sweep_report_lists_every_gamma(sweep):
-    out, stdout = sweep
+def final_val(out, name) -> float:
+    records = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["step"] == STEPS
+    val = [r["val_loss"] for r in records if "val_loss" in r]
+    assert len(val) == 5  # step 1 and every quarter
+    return val[-1]
+
+
+def test_tiny_gate_ablation_reports_each_cell_over_its_seeds(ablation):
+    out, stdout = ablation
     report = (out / "report" / "report.md").read_text()
-    pivot = report.split("**final validation loss**")[1].split("**")[0]
-    rows = re.findall(r"^\| ([0-9.]+) \| ([0-9.]+) \|$", pivot, flags=re.M)
-    assert [float(g) for g, _ in rows] == [0.5, 0.75, 1.0, 1.25, 1.5]
-    for name, gamma in zip(["g0.5", "g0.75", "g1", "g1.25", "g1.5"], [0.5, 0.75, 1.0, 1.25, 1.5]):
-        records = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
-        assert records[-1]["step"] == SWEEP_STEPS
-        val = [r["val_loss"] for r in records if "val_loss" in r]
-        assert len(val) == 5  # step 1 and every quarter
-        row = dict((float(g), float(v)) for g, v in rows)
-        assert row[gamma] == pytest.approx(val[-1], abs=5e-5)  # the table is the run's last validation
-        config = next((out / name / "runs").glob("*/config.toml")).read_text()
-        assert f"init_rate = {gamma}" in config
-    assert "5 of 5 runs finished" in report and "fewer than 20 tokens per parameter" in report
+    val = {cell: [final_val(out, f"{cell}_s{seed}") for seed in (0, 1)] for cell in CELLS}
+    for cell, (gamma, gate) in CELLS.items():
+        for seed in (0, 1):  # each seed sets the init and the data order
+            config = next((out / f"{cell}_s{seed}" / "runs").glob("*/config.toml")).read_text()
+            assert f"init_rate = {gamma}" in config and f'attention_gate = "{gate}"' in config
+            assert re.search(rf"^seed = {seed}$", config, re.M) and config.count(f"seed = {seed}") >= 2
+    assert val["g1_gatenone"][0] != val["g1_gatenone"][1]  # the seeds differ
+    pivot = report.split("**final validation loss**")[1].split("\n\n**")[0]
+    assert "(mean ± std over 2 seeds; Δ ± 2 SE, * beyond the noise)" in pivot
+    for gamma, cells in ((0.5, ("g0.5_gatenone", "g0.5_gateelementwise")), (1, ("g1_gatenone", "g1_gateelementwise"))):
+        a, b = val[cells[0]], val[cells[1]]
+        se = math.hypot(stdev(a) / math.sqrt(2), stdev(b) / math.sqrt(2))
+        row = (f"| {gamma:g} | {mean(a):.4f} ± {stdev(a):.4f} | {mean(b):.4f} ± {stdev(b):.4f} | "
+               f"{mean(b) - mean(a):+.4f} ± {2 * se:.4f} ({abs(mean(b) - mean(a)) / se:.1f} SE)")
+        assert row in pivot, (row, pivot)
+    claims = report.split("## Claims")[1]
+    assert len(re.findall(r"^\| (the gate|…|without the gate)", claims, re.M)) == 4
+    assert all(v in ("agrees", "disagrees", "inconclusive") for v in re.findall(r"\*\*(\w+)\*\*", claims))
+    assert "8 of 8 runs finished" in report and "fewer than 20 tokens per parameter" in report
     for png in ("loss_curves.png", "final_loss.png", "sink_per_layer.png"):
         assert (out / "report" / png).stat().st_size > 1000
-    assert "finished in" in stdout
+    assert "finished in" in stdout and "## Claims" in stdout
 
 
-def test_rerun_skips_finished_runs(sweep):
-    out, _ = sweep
-    before = (out / "g1" / "metrics.jsonl").read_text()
-    done = recipe("gamma_sweep", "--scale", "tiny", "--steps", str(SWEEP_STEPS), "--out", str(out), *QUICK)
+def test_rerun_skips_finished_runs(ablation):
+    out, _ = ablation
+    before = (out / "g1_gatenone_s0" / "metrics.jsonl").read_text()
+    done = recipe("gate_ablation", "--scale", "tiny", "--steps", str(STEPS), "--seeds", SEEDS, "--out", str(out),
+                  *QUICK)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.count("finished before, skipped") == 5 and ": training " not in done.stdout
-    assert (out / "g1" / "metrics.jsonl").read_text() == before
-    other = recipe("gamma_sweep", "--scale", "tiny", "--steps", "8", "--out", str(out), *QUICK)  # another plan
-    assert other.returncode == 2 and "holds recipe gamma_sweep at scale tiny with other runs" in other.stderr
-    assert (out / "g1" / "metrics.jsonl").read_text() == before
+    assert done.stdout.count("finished before, skipped") == 8 and ": training " not in done.stdout
+    assert (out / "g1_gatenone_s0" / "metrics.jsonl").read_text() == before
+    other = recipe("gate_ablation", "--scale", "tiny", "--steps", "8", "--seeds", SEEDS, "--out", str(out),
+                   *QUICK)  # another plan
+    assert other.returncode == 2 and "holds recipe gate_ablation at scale tiny with other runs" in other.stderr
+    assert (out / "g1_gatenone_s0" / "metrics.jsonl").read_text() == before
 
 
 def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path, builtin_assets):
@@ -74,19 +95,19 @@ def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path, builtin_assets)
                     '[scale.tiny]\ntokens_per_param = 20\nmodels = [{ config = "configs/dense/tiny.toml", '
                     'flavor = "tiny-32" }]\n[scale.paper]\ntokens = 1e9\nmodels = ["configs/dense/tiny.toml"]\n')
     out = tmp_path / "out"
-    done = recipe(str(path), "--scale", "tiny", "--steps", "8", "--out", str(out), "--jobs", "2", *QUICK,
+    done = recipe(str(path), "--scale", "tiny", "--steps", "8", "--seeds", "0", "--out", str(out), "--jobs", "2", *QUICK,
                   env=faults(kill_at_step=3))
     assert done.returncode == 1
-    assert re.search(r"custom_importfault_injection: FAILED \(exit \d+\)", done.stdout), done.stdout
-    assert "custom_importgamma_titan: finished" in done.stdout and "1 of 2 runs failed" in done.stdout
+    assert re.search(r"custom_importfault_injection_s0: FAILED \(exit \d+\)", done.stdout), done.stdout
+    assert "custom_importgamma_titan_s0: finished" in done.stdout and "1 of 2 runs failed" in done.stdout
     report = (out / "report" / "report.md").read_text()
     assert "1 of 2 runs finished" in report and "failed (exit" in report
 
 
-def test_token_analysis_of_two_checkpoints(sweep, tmp_path):
-    out, _ = sweep
-    small = out / "g1" / "checkpoint" / f"step-{SWEEP_STEPS}"
-    std = out / "g0.5" / "checkpoint" / f"step-{SWEEP_STEPS}"
+def test_token_analysis_of_two_checkpoints(ablation, tmp_path):
+    out, _ = ablation
+    small = out / "g1_gateelementwise_s0" / "checkpoint" / f"step-{STEPS}"
+    std = out / "g0.5_gateelementwise_s0" / "checkpoint" / f"step-{STEPS}"
     report = tmp_path / "tokens"
     cli = [sys.executable, "-m", "gamma_titan.cli", "report", "tokens", str(small), str(std), "--tokens", "5000",
            "--out", str(report)]

@@ -4,12 +4,14 @@ scaling-law fit against known laws. (Training runs: test_recipe_runs.py.)"""
 import json
 import math
 import os
+import re
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from helpers import REPO
 from gamma_titan.errors import ConfigError
 from gamma_titan.training.launch import SHUTDOWN_MARGIN_SECONDS, save_seconds
 from gamma_titan.recipes.plan import plan
@@ -18,60 +20,141 @@ from gamma_titan.recipes.spec import available, load_recipe
 from gamma_titan.reports.scaling import PowerLaw, effective_size_gain, fit_power_law
 
 GAMMAS = [0.5, 0.75, 1.0, 1.25, 1.5]
-# recipe -> (runs per scale, {run name: overrides it must carry})
+#: recipe -> ({scale: settings (cells)}, {cell name at the paper scale: overrides it must carry})
 EXPECTED = {
-    "gamma_sweep": (5, {"g1": {"gamma.init_rate": 1.0, "gamma.norm_eps": 1e-12, "gamma.attention_gate": "elementwise"}}),
-    "eps_ablation": (4, {"g1_eps1e-05": {"gamma.init_rate": 1.0, "gamma.norm_eps": 1e-5, "gamma.attention_gate": "none"},
-                         "g0.5_eps1e-12": {"gamma.init_rate": 0.5, "gamma.norm_eps": 1e-12}}),
-    "gate_ablation": (4, {"g1_gatenone": {"gamma.attention_gate": "none", "gamma.norm_eps": 1e-12},
-                          "g1_gateelementwise": {"gamma.attention_gate": "elementwise", "gamma.init_rate": 1.0}}),
-    "scaling": (8, {}),
-    "moe": (8, {}),
+    "gamma_sweep": ({"tiny": 15, "gpu": 10, "paper": 5},
+                    {"g1": {"gamma.init_rate": 1.0, "gamma.norm_eps": 1e-12, "gamma.attention_gate": "elementwise"}}),
+    "eps_ablation": ({"tiny": 4, "gpu": 4, "paper": 4},
+                     {"g1_eps1e-05": {"gamma.init_rate": 1.0, "gamma.norm_eps": 1e-5, "gamma.attention_gate": "none"},
+                      "g0.5_eps1e-12": {"gamma.init_rate": 0.5, "gamma.norm_eps": 1e-12}}),
+    "gate_ablation": ({"tiny": 4, "gpu": 4, "paper": 4},
+                      {"g1_gatenone": {"gamma.attention_gate": "none", "gamma.norm_eps": 1e-12},
+                       "g1_gateelementwise": {"gamma.attention_gate": "elementwise", "gamma.init_rate": 1.0}}),
+    "lr_check": ({"tiny": 10, "gpu": 10, "paper": 10},
+                 {"small_lr0.01": {"optimizer.lr": 0.01, "gamma.init_rate": 1.0, "gamma.norm_eps": 1e-12},
+                  "standard_lr0.1": {"optimizer.lr": 0.1, "gamma.init_rate": 0.5, "gamma.attention_gate": "none"}}),
+    "scaling": ({"tiny": 8, "gpu": 6, "paper": 8}, {}),
+    "moe": ({"tiny": 8, "gpu": 8, "paper": 8}, {}),
 }
-PAPER_TOKENS = {"gamma_sweep": 36e9, "eps_ablation": 36e9, "gate_ablation": 36e9, "scaling": 36e9, "moe": 100e9}
+SEEDS = {"tiny": 3, "gpu": 2, "paper": 1}
+PAPER_TOKENS = {"gamma_sweep": 36e9, "eps_ablation": 36e9, "gate_ablation": 36e9, "lr_check": 36e9, "scaling": 36e9,
+                "moe": 100e9}
+#: The gpu and paper scales train far more tokens than the built-in corpus holds (their
+#: configs' placeholder data): their plans here lift the epoch guard (a real run is given
+#: its data with --training.dataset_path).
+LIFT_EPOCHS = 1e9
 
 
 def test_every_recipe_is_covered():
     assert sorted(EXPECTED) == available()
 
 
-@pytest.mark.parametrize("scale", ["tiny", "paper"])
+@pytest.mark.parametrize("scale", ["tiny", "gpu", "paper"])
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_dry_run_lists_the_runs(name, scale, builtin_assets, tmp_path, capsys):
     out = tmp_path / "out"
-    assert run_recipe(name, scale, dry_run=True, out=str(out), launcher="local" if scale == "tiny" else "slurm") == 0
+    allow = None if scale == "tiny" else LIFT_EPOCHS
+    assert run_recipe(name, scale, dry_run=True, out=str(out), launcher="slurm" if scale == "paper" else "local",
+                      allow_epochs=allow) == 0
     printed = capsys.readouterr().out
-    runs = plan(load_recipe(name), scale)
-    count, must = EXPECTED[name]
-    assert len(runs) == count and len({r.name for r in runs}) == count
-    by_name = {r.name: r for r in runs}
-    for run_name, overrides in must.items():
-        for key, value in overrides.items():
-            assert by_name[run_name].overrides[key] == value, (run_name, key)
+    runs = plan(load_recipe(name), scale, allow_epochs=allow)
+    cells, must = EXPECTED[name]
+    assert len({r.cell for r in runs}) == cells[scale] and len(runs) == cells[scale] * SEEDS[scale]
+    assert len({r.name for r in runs}) == len(runs)
+    for cell in {r.cell for r in runs}:  # every cell once per seed, the seed setting init and data order
+        seeds = sorted(r.seed for r in runs if r.cell == cell) if SEEDS[scale] > 1 else [None]
+        assert seeds == (list(range(SEEDS[scale])) if SEEDS[scale] > 1 else [None])
+        for r in runs:
+            if r.cell == cell and r.seed is not None:
+                assert r.name == f"{cell}_s{r.seed}"
+                assert r.overrides["debug.seed"] == r.overrides["gamma.data.seed"] == r.seed
+    by_cell = {r.cell: r for r in runs}
+    if scale == "paper":
+        for cell, overrides in must.items():
+            for key, value in overrides.items():
+                assert by_cell[cell].overrides[key] == value, (cell, key)
     for r in runs:
         assert f"  {r.name}: " in printed and f"--training.steps {r.steps}" in printed
+        assert f"ε / σ²(h) at init = {r.norm_eps:g} / {r.hidden_var:.3g} = {r.eps_ratio:.3g}" in printed
     if name == "gamma_sweep":
-        assert [r.overrides["gamma.init_rate"] for r in runs] == GAMMAS
-    if name == "scaling":  # four sizes x two arms, and the arms are what the paper compares
-        assert len({r.model_label for r in runs}) == 4
+        for label in {r.model_label for r in runs}:
+            assert sorted({r.overrides["gamma.init_rate"] for r in runs if r.model_label == label}) == GAMMAS
+    if name == "scaling":  # sizes x two arms, and the arms are what the paper compares
+        assert len({r.model_label for r in runs}) == cells[scale] // 2
         standard = [r for r in runs if r.arm == "standard"]
         assert all(r.overrides["gamma.init_rate"] == 0.5 and r.overrides["gamma.attention_gate"] == "none"
-                   for r in standard) and len(standard) == 4
+                   for r in standard) and len(standard) == len(runs) // 2
     if name == "moe":
         assert {r.arm for r in runs} == {"standard", "adjusted"}
         assert {r.overrides["gamma.init_rate"] for r in runs} == {0.5, 1.0}
+    if name == "eps_ablation":  # ε = 1e-5 dominates σ²(h) = d^-2 at γ = 1, and nowhere else
+        assert all(r.eps_dominated == (r.values["gamma.init_rate"] == 1.0 and r.norm_eps == 1e-5) for r in runs)
+        assert "WARNING" not in printed
     for label in {r.model_label for r in runs}:  # one model: one step count, whatever the arm adds
         assert len({r.steps for r in runs if r.model_label == label}) == 1
     if scale == "tiny":
         assert all(r.tokens_per_param >= 20 and r.world_size == 1 for r in runs)
+        assert all(r.epochs <= 1 for r in runs)  # single-epoch data
+        assert f"{runs[0].epochs:.3g} epochs of training.dataset" in printed
         assert not out.exists()  # a local dry run writes nothing
+    elif scale == "gpu":
+        assert all(r.world_size == 1 and r.overrides["training.mixed_precision_param"] == "bfloat16"
+                   if "training.mixed_precision_param" in r.overrides else r.world_size == 1 for r in runs)
+        assert all(r.model_label.startswith("gpu") for r in runs)
+        assert all(r.tokens_per_param >= 20 for r in runs if r.active_params is None)  # dense: >= 20 tokens/param
+        assert all(r.hidden_var <= 256 ** -2 * 1.0001 or r.values.get("gamma.init_rate", 1) < 1 for r in runs)
+        hours = sum(r.gpu_hours for r in runs)
+        assert 0.2 <= hours <= 1.6 and f"total ≈ {hours:.4g} GPU-hours (at 30% MFU" in printed
+        assert not out.exists()
     else:
         assert all(r.tokens >= PAPER_TOKENS[name] and r.tokens < PAPER_TOKENS[name] * 1.03 for r in runs)
         assert all(r.world_size % 8 == 0 and r.gpu_hours > 1 for r in runs)
         scripts = sorted((out / "slurm").glob("*.sbatch"))
-        assert sorted(p.stem for p in scripts) == sorted(by_name)
+        assert sorted(p.stem for p in scripts) == sorted(r.name for r in runs)
         for path in scripts:
-            check_sbatch_script(path, by_name[path.stem], out)
+            check_sbatch_script(path, next(r for r in runs if r.name == path.stem), out)
+
+
+def test_the_epoch_guard_refuses_a_second_pass_unless_the_recipe_allows_it(builtin_assets, tmp_path):
+    """A run's tokens against one epoch of its training data: the gpu scale's budget on the
+    built-in corpus is refused in one line, and so is a tiny run the docs alone cannot feed."""
+    with pytest.raises(ConfigError) as err:
+        plan(load_recipe("gate_ablation"), "gpu")
+    message = str(err.value)
+    assert re.match(r"recipe gate_ablation, run g0\.5_gatenone_s0: [\d.e+]+ epochs of training.dataset \(655\.4M of "
+                    r"[\d.]+M tokens\), more than the 1 \[scale.gpu\] allow_epochs permits", message), message
+    runs = plan(load_recipe("gate_ablation"), "gpu", allow_epochs=LIFT_EPOCHS)
+    assert all(r.epochs > 1000 for r in runs)
+    config = tmp_path / "docs_only.toml"  # tiny-64's 3.7M tokens on the docs alone (1.0M): 3.7 epochs
+    tiny = (REPO / "configs/dense/tiny.toml").read_text()
+    config.write_text(re.sub(r"\[gamma\.data\]\n(#.*\n)*mixture = .*\n", "", tiny))
+    assert "mixture =" not in config.read_text()
+    recipe = tmp_path / "docs_recipe.toml"
+    recipe.write_text(f'[recipe]\ntitle = "docs"\n[grid]\n"gamma.init_rate" = [1.0]\n[scale.tiny]\n'
+                      f'tokens_per_param = 20\nmodels = [{{ config = "{config}", flavor = "tiny-64" }}]\n')
+    with pytest.raises(ConfigError, match=r"run g1_s0: 3\.69 epochs of training.dataset \(3\.686M of 0\.9994M"):
+        plan(load_recipe(str(recipe)), "tiny")
+    recipe.write_text(recipe.read_text().replace("[scale.tiny]\n", "[scale.tiny]\nallow_epochs = 4\n"))
+    assert [round(r.epochs, 2) for r in plan(load_recipe(str(recipe)), "tiny")] == [3.69] * 3
+
+
+def test_an_eps_ablation_where_eps_never_dominates_is_warned_about(builtin_assets, tmp_path, capsys):
+    """σ²(h) = d^-2γ at init: at width 64 and γ = 1 it is 2.4e-4, 24x above ε = 1e-5."""
+    recipe = tmp_path / "narrow_eps.toml"
+    recipe.write_text('[recipe]\ntitle = "narrow"\n[grid]\n"gamma.norm_eps" = [1e-5, 1e-12]\n[scale.tiny]\n'
+                      'tokens_per_param = 20\nseeds = [0]\n'
+                      'models = [{ config = "configs/dense/tiny.toml", flavor = "tiny-64" }]\n')
+    assert run_recipe(str(recipe), "tiny", dry_run=True, out=str(tmp_path / "out")) == 0
+    printed = capsys.readouterr().out
+    runs = plan(load_recipe(str(recipe)), "tiny")
+    assert [r.hidden_var for r in runs] == [64.0 ** -2] * 2 and not any(r.eps_dominated for r in runs)
+    assert "ε / σ²(h) at init = 1e-05 / 0.000244 = 0.041 (ε negligible: <= 0.1)" in printed
+    assert ("WARNING: this recipe varies ε, but ε ≤ 0.1·σ²(h) in every run (largest ε/σ²(h): 0.041, run "
+            "eps1e-05_s0)") in printed
+    recipe.write_text(recipe.read_text().replace('flavor = "tiny-64"', 'flavor = "tiny-128"'))
+    assert run_recipe(str(recipe), "tiny", dry_run=True, out=str(tmp_path / "out")) == 0
+    printed = capsys.readouterr().out
+    assert "0.000061 = 0.164 (ε-DOMINATED)".replace("0.000061", "6.1e-05") in printed and "WARNING" not in printed
 
 
 def check_sbatch_script(path: Path, run, out: Path) -> None:
@@ -115,20 +198,20 @@ def test_slurm_submits_one_job_per_unfinished_run(builtin_assets, tmp_path, monk
     bin_dir = _fake_sbatch(tmp_path / "bin")
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     out = tmp_path / "out"
-    runs = plan(load_recipe("gate_ablation"), "paper")
+    runs = plan(load_recipe("gate_ablation"), "paper", allow_epochs=LIFT_EPOCHS)
     finished = out / runs[0].name
     finished.mkdir(parents=True)
     (finished / "metrics.jsonl").write_text(json.dumps({"step": runs[0].steps, "loss": 2.0}) + "\n")
     for text in ("{}", '{"recipe": "gate_ablation", "scale": "paper"}', "[1]", "{not json"):
         (out / "recipe.json").write_text(text)  # not this plan: refused, nothing touched
         with pytest.raises(ConfigError, match="--out"):
-            run_recipe("gate_ablation", "paper", launcher="slurm", out=str(out))
+            run_recipe("gate_ablation", "paper", launcher="slurm", out=str(out), allow_epochs=LIFT_EPOCHS)
     (out / "recipe.json").unlink()
     with pytest.raises(ConfigError, match="not empty"):
-        run_recipe("gate_ablation", "paper", launcher="slurm", out=str(out))
+        run_recipe("gate_ablation", "paper", launcher="slurm", out=str(out), allow_epochs=LIFT_EPOCHS)
     (finished / "metrics.jsonl").rename(tmp_path / "metrics.jsonl")
     finished.rmdir()
-    assert run_recipe("gate_ablation", "paper", launcher="slurm", out=str(out)) == 0
+    assert run_recipe("gate_ablation", "paper", launcher="slurm", out=str(out), allow_epochs=LIFT_EPOCHS) == 0
     calls = (bin_dir / "calls").read_text().splitlines()
     assert len(calls) == 4 and all(c.startswith("--parsable ") and c.endswith(".sbatch") for c in calls)
     assert json.loads((out / "slurm" / "jobs.json").read_text()) == {r.name: "4242" for r in runs}
@@ -136,7 +219,7 @@ def test_slurm_submits_one_job_per_unfinished_run(builtin_assets, tmp_path, monk
     finished.mkdir(exist_ok=True)
     (tmp_path / "metrics.jsonl").rename(finished / "metrics.jsonl")
     (bin_dir / "calls").unlink()
-    assert run_recipe("gate_ablation", "paper", launcher="slurm", out=str(out)) == 0
+    assert run_recipe("gate_ablation", "paper", launcher="slurm", out=str(out), allow_epochs=LIFT_EPOCHS) == 0
     assert len((bin_dir / "calls").read_text().splitlines()) == 3
 
 
@@ -144,33 +227,44 @@ def test_slurm_without_sbatch_fails_before_writing(builtin_assets, tmp_path, mon
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     out = tmp_path / "out"
     with pytest.raises(ConfigError, match="no sbatch on PATH"):
-        run_recipe("gamma_sweep", "paper", launcher="slurm", out=str(out))
+        run_recipe("gamma_sweep", "paper", launcher="slurm", out=str(out), allow_epochs=LIFT_EPOCHS)
     assert not out.exists()
 
 
 def test_bad_input_is_one_line_before_anything_is_written(builtin_assets, tmp_path, capsys):
     from gamma_titan.cli import main
 
-    cases = {
-        "nope": ("recipe 'nope': allowed eps_ablation, gamma_sweep", ["--scale", "tiny"]),
-        "gamma_sweep": ("--steps 6: must be a positive integer, a multiple of 4", ["--scale", "tiny", "--steps", "6"]),
-        "eps_ablation": ("model_args.dim", ["--scale", "tiny", "--model_args.dim", "63"]),
-        "scaling": ("--launcher local: run 0.7B_standard needs 2 nodes", ["--scale", "paper"]),
-        "gate_ablation": ("--gamma.attention_gate: recipe gate_ablation sets it per run",
-                          ["--scale", "tiny", "--gamma.attention_gate", "none"]),
-        "moe": ("--training.steps: the token budget sets it; use --steps N", ["--scale", "tiny", "--training.steps", "5"]),
-    }
+    cases = [  # (recipe, message, arguments)
+        ("nope", "recipe 'nope': allowed eps_ablation, gamma_sweep", ["--scale", "tiny"]),
+        ("gamma_sweep", "--steps 6: must be a positive integer, a multiple of 4 at the tiny scale",
+         ["--scale", "tiny", "--steps", "6"]),
+        ("lr_check", "--seeds 0,x: a comma-separated list of integers", ["--scale", "tiny", "--seeds", "0,x"]),
+        ("scaling", "--seeds 1,1: must be a non-empty list of distinct integers >= 0",
+         ["--scale", "tiny", "--seeds", "1,1"]),
+        ("moe", "--debug.seed: recipe moe sets it per run", ["--scale", "tiny", "--debug.seed", "3"]),
+        ("eps_ablation", "model_args.dim", ["--scale", "tiny", "--model_args.dim", "63"]),
+        ("scaling", "--launcher local: run 0.7B_standard needs 2 nodes", ["--scale", "paper", "--allow-epochs", "1e9"]),
+        ("gate_ablation", "--gamma.attention_gate: recipe gate_ablation sets it per run",
+         ["--scale", "tiny", "--gamma.attention_gate", "none"]),
+        ("moe", "--training.steps: the token budget sets it; use --steps N", ["--scale", "tiny", "--training.steps", "5"]),
+        ("gate_ablation", "--allow-epochs 0.0: must be a positive number", ["--scale", "gpu", "--allow-epochs", "0"]),
+    ]
     bad = tmp_path / "bad.toml"
     bad.write_text('[recipe]\ntitle = "x"\n[grid]\n"gamma.init_rate" = [0.5]\n[scale.tiny]\ntokens = 1e6\n'
                    'models = ["configs/dense/tiny.toml"]\n[scale.papr]\n')
-    cases[str(bad)] = ("needs [scale.paper]", ["--scale", "tiny"])
-    for name, (message, args) in cases.items():
-        out = tmp_path / f"out-{len(message)}"
+    cases.append((str(bad), "unknown [scale.papr]; the scales are tiny, gpu, paper", ["--scale", "tiny"]))
+    claim = tmp_path / "claim.toml"
+    claim.write_text('[recipe]\ntitle = "x"\n[grid]\n"gamma.init_rate" = [0.5, 1.0]\n[[claims]]\nclaim = "c"\n'
+                     'vary = "gamma.norm_eps"\nvalues = [1, 2]\nexpect = "<0"\n[scale.tiny]\ntokens = 1e6\n'
+                     'models = ["configs/dense/tiny.toml"]\n')
+    cases.append((str(claim), "claims[0]: 'gamma.norm_eps' is not a key the recipe varies", ["--scale", "tiny"]))
+    for i, (name, message, args) in enumerate(cases):
+        out = tmp_path / f"out-{i}"
         with pytest.raises(SystemExit) as exit_:
             main(["recipe", "run", name, *args, "--out", str(out)])
         stderr = capsys.readouterr().err
         assert exit_.value.code == 2, stderr
-        assert stderr.count("\n") == 1 and stderr.startswith("error: ") and message in stderr, stderr
+        assert stderr.count("\n") == 1 and stderr.startswith("error: ") and message in stderr, (message, stderr)
         assert not out.exists()
 
 
@@ -231,5 +325,5 @@ def test_report_pivots_every_setting_and_reads_the_latest_attempt(tmp_path):
     for model in ("small", "big"):
         for arm in ("standard", "adjusted"):
             a, b = losses[f"{model}_{arm}_g0.5"], losses[f"{model}_{arm}_g1"]
-            assert f"| {model}, {arm} | {a:.4f} | {b:.4f} | {b - a:.4f} |" in table
+            assert f"| {model}, {arm} | {a:.4f} | {b:.4f} | {b - a:+.4f} |" in table
     assert "8 of 8 runs finished" in text and "99.0" not in text

@@ -1,21 +1,27 @@
-"""A default English corpus that every Python installation already has: CPython's own docs.
+"""Default corpora that every Python installation already has: CPython's own docs and code.
 
-Nothing is downloaded and no text is stored in this repository. The corpus is generated from
-  * the `help()` topic texts (`pydoc_data.topics.topics`), one document per topic, and
-  * the docstrings of the standard library, one document per module: the module docstring
-    followed by the docstrings of its classes, methods and functions, each under a header
-    line with its qualified name.
-Standard-library sources are read with `ast` and never imported, so building the corpus runs
-no library code and has no side effects.
+Nothing is downloaded and no text is stored in this repository. Two sources:
+  docs  the `help()` topic texts (`pydoc_data.topics.topics`), one document per topic, and
+        the docstrings of the standard library, one document per module: the module
+        docstring followed by the docstrings of its classes, methods and functions, each
+        under a header line with its qualified name (≈ 1M tokens at a 512-token vocabulary);
+  code  the standard library's source files themselves, test suites included, one document
+        per module (≈ 18M tokens at that vocabulary: what single-epoch runs at the recipes'
+        CPU scale need, mixed with the docs by `[gamma.data] mixture`).
+Standard-library sources are read as text (docs: parsed with `ast`) and never imported, so
+building a corpus runs no library code and has no side effects.
 
 The output is deterministic for a given Python installation: documents are sorted by title,
 and the held-out validation split is chosen by a stable hash of the title (not by position),
-so adding or removing one module never moves other documents between splits.
+so adding or removing one module never moves other documents between splits. A module's
+docs and code documents share its title, hence its split: no docstring of a validation
+module is trained on through the code.
 """
 
 from __future__ import annotations
 
 import ast
+import io
 import json
 import logging
 import random
@@ -24,17 +30,21 @@ import platform
 import re
 import sys
 import sysconfig
+import tokenize
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 from gamma_titan.data.cache import build_once, cache_dir
+from gamma_titan.data.names import BUILTIN_DOCS, BUILTIN_SOURCES
 
 logger = logging.getLogger(__name__)
 
-# Bump when the generated text changes, so readers of meta.json can tell builds apart.
-FORMAT_VERSION = 2
+# Bump when a source's generated text changes, so readers of meta.json can tell builds apart.
+FORMAT_VERSION = {"docs": 2, "code": 1}
+#: Each source's cache name stem (the docs one predates the code source).
+_STEMS = {"docs": "pydocs", "code": "pycode"}
 
 # Documents shorter than this (after whitespace normalisation) are mostly boilerplate.
 MIN_DOC_CHARS = 200
@@ -60,10 +70,11 @@ class Document:
     text: str
 
 
-def corpus_name() -> str:
-    """Names the cached corpus and everything derived from it (tokenizer): a new Python
-    or a new corpus format gives a new name, so a stale cache is never read."""
-    return f"pydocs-{python_tag()}-v{FORMAT_VERSION}"
+def corpus_name(source: str = BUILTIN_DOCS) -> str:
+    """Names a cached corpus and everything derived from it (the built-in tokenizer is the
+    docs corpus's): a new Python or a new corpus format gives a new name, so a stale cache
+    is never read."""
+    return f"{_STEMS[source]}-{python_tag()}-v{FORMAT_VERSION[source]}"
 
 
 def python_tag() -> str:
@@ -164,17 +175,40 @@ def _module_documents(root: Path) -> Iterator[Document]:
         yield Document(module_name, normalise_whitespace("\n\n".join(sections)))
 
 
+# --------------------------------------------------------------------------- stdlib code
+
+#: Folders of the stdlib tree that are not its code: installed packages, and the generated
+#: data module that holds the help() topics (the docs source's text).
+CODE_SKIPPED_FOLDERS = frozenset({"site-packages", "pydoc_data"})
+
+
+def _code_documents(root: Path) -> Iterator[Document]:
+    """Every .py file under the stdlib root, as text in its declared encoding, titled by
+    its module name (`email/message.py` -> `email.message`, `json/__init__.py` -> `json`)."""
+    for source in sorted(root.rglob("*.py")):
+        rel = source.relative_to(root)
+        if CODE_SKIPPED_FOLDERS & set(rel.parts[:-1]):
+            continue
+        parts = rel.with_suffix("").parts
+        title = ".".join(parts[:-1] if parts[-1] == "__init__" and len(parts) > 1 else parts)
+        try:
+            # tokenize.open honours the file's coding declaration, as the interpreter does.
+            with tokenize.open(source) as f:
+                text = f.read()
+        except (SyntaxError, UnicodeDecodeError, OSError) as err:  # a few test files are invalid on purpose
+            logger.debug("skipping %s: %s", source, err)
+            continue
+        yield Document(title, normalise_whitespace(f"# {title}\n{text}"))
+
+
 # --------------------------------------------------------------------------- corpus
 
 
-def collect_documents(stdlib_root: str | Path | None = None) -> list[Document]:
-    """All corpus documents, long enough to keep, sorted by title."""
+def collect_documents(stdlib_root: str | Path | None = None, source: str = BUILTIN_DOCS) -> list[Document]:
+    """All documents of a source ("docs" or "code"), long enough to keep, sorted by title."""
     root = Path(stdlib_root or sysconfig.get_paths()["stdlib"])
-    docs = [
-        doc
-        for doc in (*_topic_documents(), *_module_documents(root))
-        if len(doc.text) >= MIN_DOC_CHARS
-    ]
+    found = (*_topic_documents(), *_module_documents(root)) if source == BUILTIN_DOCS else _code_documents(root)
+    docs = [doc for doc in found if len(doc.text) >= MIN_DOC_CHARS]
     docs.sort(key=lambda doc: doc.title)
     titles = [doc.title for doc in docs]
     assert len(set(titles)) == len(titles), "corpus titles must be unique"
@@ -187,11 +221,11 @@ def _write_jsonl(path: Path, docs: list[Document]) -> None:
             f.write(json.dumps({"text": doc.text}, ensure_ascii=False) + "\n")
 
 
-def build_builtin_corpus(out_dir: str | Path) -> dict:
-    """Write train.jsonl, validation.jsonl and meta.json into `out_dir`; return the meta."""
+def build_builtin_corpus(out_dir: str | Path, source: str = BUILTIN_DOCS) -> dict:
+    """Write a source's train.jsonl, validation.jsonl and meta.json into `out_dir`; return the meta."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    docs = collect_documents()
+    docs = collect_documents(source=source)
     splits = {
         "train": [d for d in docs if not is_validation(d.title)],
         "validation": [d for d in docs if is_validation(d.title)],
@@ -199,8 +233,9 @@ def build_builtin_corpus(out_dir: str | Path) -> dict:
     _write_jsonl(out_dir / TRAIN_FILE, splits["train"])
     _write_jsonl(out_dir / VALIDATION_FILE, splits["validation"])
     meta = {
-        "name": corpus_name(),
-        "format_version": FORMAT_VERSION,
+        "name": corpus_name(source),
+        "source": source,
+        "format_version": FORMAT_VERSION[source],
         "python": platform.python_version(),  # stdlib docs change between patch releases
         "splits": {
             name: {"documents": len(split), "characters": sum(len(d.text) for d in split)}
@@ -211,14 +246,16 @@ def build_builtin_corpus(out_dir: str | Path) -> dict:
     return meta
 
 
-def ensure_builtin_corpus(force: bool = False) -> Path:
-    """Build the corpus once into the cache (safe across processes); return its folder.
+def ensure_builtin_corpus(force: bool = False, source: str = BUILTIN_DOCS) -> Path:
+    """Build a source's corpus once into the cache (safe across processes); return its folder.
 
     `force=True` rebuilds it even if cached.
     """
+    if source not in BUILTIN_SOURCES:
+        raise ValueError(f"built-in corpus source {source!r}: allowed {', '.join(BUILTIN_SOURCES)}")
 
     def build(tmp: Path) -> None:
-        meta = build_builtin_corpus(tmp)
+        meta = build_builtin_corpus(tmp, source)
         train, val = meta["splits"]["train"], meta["splits"]["validation"]
         logger.info(
             "built corpus %s: train %d docs / %.1f M chars, validation %d docs / %.2f M chars",
@@ -226,7 +263,7 @@ def ensure_builtin_corpus(force: bool = False) -> Path:
             val["documents"], val["characters"] / 1e6,
         )
 
-    return build_once(cache_dir() / "corpus" / corpus_name(), build, force)
+    return build_once(cache_dir() / "corpus" / corpus_name(source), build, force)
 
 
 #: The corpus file is sorted by title (readable, stable); training reads it in a fixed

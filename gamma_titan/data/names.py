@@ -13,6 +13,12 @@ BUILTIN = "builtin"  # the built-in corpus's train split, as shards (builtin_sha
 BUILTIN_VALIDATION = "builtin_validation"  # its held-out split
 MEMMAP = "memmap"  # your shard folders, or a mixture of them (shard_sources.py)
 
+# The built-in corpus's sources (builtin_corpus.py): "builtin" reads the docs, or a mix of
+# them by `[gamma.data] mixture = { docs = w1, code = w2 }`.
+BUILTIN_DOCS = "docs"
+BUILTIN_CODE = "code"
+BUILTIN_SOURCES = (BUILTIN_DOCS, BUILTIN_CODE)
+
 # Datasets read from token shards by our loader rather than TorchTitan's text loader.
 SHARD_DATASETS = (BUILTIN, BUILTIN_VALIDATION, MEMMAP)
 

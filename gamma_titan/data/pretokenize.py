@@ -13,6 +13,7 @@ Tokenization happens in the workers, one thread each (TOKENIZERS_PARALLELISM=fal
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import multiprocessing
@@ -151,6 +152,19 @@ def _open_input(source_value: str, key: str, docs_per_shard: int):
     return ds, (-(-len(ds) // docs_per_shard) if isinstance(ds, Dataset) else None)
 
 
+@contextlib.contextmanager
+def _datasets_progress(enabled: bool) -> Iterator[None]:
+    """`datasets`' own progress bars (converting a file to arrow) on or off for a block."""
+    from datasets.utils import logging as datasets_logging
+
+    was = datasets_logging.is_progress_bar_enabled()
+    (datasets_logging.enable_progress_bar if enabled else datasets_logging.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        (datasets_logging.enable_progress_bar if was else datasets_logging.disable_progress_bar)()
+
+
 def _units(ds, n_units: int | None, docs_per_shard: int, done: set[int]) -> Iterator[tuple[int, list[str]]]:
     """(unit, texts) of every unit not in `done`."""
     if n_units is not None:  # random access: read only the units still to do
@@ -212,7 +226,8 @@ def pretokenize(
         tag = INPUT_TAGS[name]
         done = {r["unit"] for r in records.values() if r["tag"] == tag}
         key = "--" + name.replace("_", "-")
-        ds, n_units = _open_input(value, key, docs_per_shard)
+        with _datasets_progress(progress):
+            ds, n_units = _open_input(value, key, docs_per_shard)
         bar = tqdm(total=n_units, initial=len(done), unit="shard", desc=f"pretokenize {name}",
                    disable=not progress)
         for record in _run_units(_units(ds, n_units, docs_per_shard, done), tag, name == "val_input",

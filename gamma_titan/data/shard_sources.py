@@ -3,8 +3,9 @@
 Datasets read from token shards (the fast path; TorchTitan's text loader is not involved):
 
   builtin             the built-in corpus, pretokenized once per tokenizer into the cache
-                      (builtin_shards.py)
-  builtin_validation  its held-out split
+                      (builtin_shards.py): its docs source, or its sources mixed by
+                      [gamma.data] mixture = { docs = w1, code = w2 }
+  builtin_validation  its held-out split (with the same mixture)
   memmap              `dataset_path` is
                         * a shard folder (meta.json inside),
                         * a folder of shard folders, mixed by [gamma.data] mixture
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from gamma_titan.data.builtin_shards import ensure_builtin_shards
-from gamma_titan.data.names import BUILTIN, BUILTIN_VALIDATION, HF, MEMMAP
+from gamma_titan.data.names import BUILTIN, BUILTIN_DOCS, BUILTIN_SOURCES, BUILTIN_VALIDATION, HF, MEMMAP
 from gamma_titan.data.sampling import Mixture, Sequences
 from gamma_titan.data.shards import META_FILE, TokenShards, TokenizerInfo, tokenizer_info
 from gamma_titan.data.tokenizer import HF_ASSETS_KEY, resolve_tokenizer_path
@@ -106,6 +107,18 @@ def resolve_sources(path: str | None, mixture: dict[str, float], key: str) -> li
     return _mixture_sources(base, mixture, "gamma.data.mixture")
 
 
+def builtin_sources(mixture: dict[str, Any], tokenizer_dir: Path) -> list[ShardSource]:
+    """The built-in corpus's sources that a mixture names (none: the docs alone)."""
+    if not mixture:
+        return [ShardSource(BUILTIN, ensure_builtin_shards(tokenizer_dir, BUILTIN_DOCS), 1.0)]
+    for name in mixture:
+        if name not in BUILTIN_SOURCES:
+            raise ConfigError(f"gamma.data.mixture.{name}: the '{BUILTIN}' dataset's sources are "
+                              f"{', '.join(BUILTIN_SOURCES)}")
+    return [ShardSource(name, ensure_builtin_shards(tokenizer_dir, name), float(weight))
+            for name, weight in mixture.items() if weight > 0]
+
+
 # --------------------------------------------------------------------------- from a job config
 
 
@@ -118,7 +131,7 @@ def dataset_sources(job_config, section: str, tokenizer_dir: Path) -> tuple[list
         if cfg.dataset_path:
             raise ConfigError(f"{section}.dataset_path: must be unset for dataset '{name}' (got "
                               f"'{cfg.dataset_path}'); use dataset = \"{MEMMAP}\" or \"{HF}\" for your own data")
-        return [ShardSource(BUILTIN, ensure_builtin_shards(tokenizer_dir), 1.0)], split
+        return builtin_sources(job_config.gamma.data.mixture, tokenizer_dir), split
     path, key = cfg.dataset_path, f"{section}.dataset_path"
     if section == "validation" and not path and job_config.training.dataset_path:
         path, key = job_config.training.dataset_path, "training.dataset_path"

@@ -7,6 +7,15 @@ Token budget. `tokens` gives every run the same count (the paper: 36B dense, 100
 (small models need many tokens per parameter before γ = 1 pays off: it starts slower, its
 weights condense first). Steps = budget / (global batch × seq_len), rounded up to a
 multiple of `STEP_MULTIPLE[scale]`, so evaluations land on the last step.
+
+Epochs. When the training data is a shard dataset, the plan knows its size and refuses a
+run that would pass over it more than the scale's `allow_epochs` times (default once):
+a model that sees its data again is partly measured on memorisation.
+
+ε-dominance. σ²(h) = d^(−2γ) at init (GammaArgs.hidden_var_at_init); a run whose ε exceeds
+EPS_DOMINANCE · σ²(h) has norms that see ε instead of the scale. The plan prints the
+ratio per run and warns when a recipe varies ε but ε dominates in none of its runs: such
+an ablation cannot show the paper's effect.
 """
 
 from __future__ import annotations
@@ -16,14 +25,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from gamma_titan.diagnostics.probe import EPS_DOMINANCE
 from gamma_titan.errors import ConfigError
+from gamma_titan.recipes.spec import Recipe, Run, Scale, check_seeds
 from gamma_titan.training.launch import stop_grace_seconds
-from gamma_titan.recipes.spec import Recipe, Run, Scale
 
-STEP_MULTIPLE = {"tiny": 100, "paper": 1000}
-#: At the tiny scale, validation, diagnostics and the sink scores are measured at step 1
-#: and this many times more, evenly, the last at the final step.
-TINY_MEASUREMENTS = 4
+STEP_MULTIPLE = {"tiny": 100, "gpu": 500, "paper": 1000}
+NORM_EPS = "gamma.norm_eps"
+#: At the tiny and gpu scales, validation, diagnostics and the sink scores are measured at
+#: step 1 and this many times more, evenly, the last at the final step (the paper scale
+#: keeps its configs' frequencies).
+MEASUREMENTS = {"tiny": 4, "gpu": 10}
 EMBEDDINGS = ("tok_embeddings.weight", "output.weight")
 
 
@@ -34,6 +46,8 @@ class PlannedRun:
     overrides: dict[str, Any]  # everything on top of the config, steps included
     values: dict[str, Any]  # what sets this run apart in the recipe (grid point, arm)
     arm: str | None
+    cell: str  # runs of one cell differ only in their seed
+    seed: int | None
     model_label: str
     nodes: int
     gpus_per_node: int
@@ -46,6 +60,8 @@ class PlannedRun:
     tokens: int
     corpus_tokens: int | None  # one epoch of the training data, when it is a shard dataset
     flops_per_token: int
+    norm_eps: float
+    hidden_var: float  # σ²(h) = d^(−2γ) at init
     gpu_hours: float
     stop_grace_seconds: float  # between SIGTERM and exit: the step in progress and a full save (launch.py)
 
@@ -57,12 +73,26 @@ class PlannedRun:
     def tokens_per_param(self) -> float:
         return self.tokens / self.params
 
+    @property
+    def epochs(self) -> float | None:
+        """Passes over the training data (its first source to wrap, for a mixture)."""
+        return self.tokens / self.corpus_tokens if self.corpus_tokens else None
+
+    @property
+    def eps_ratio(self) -> float:
+        return self.norm_eps / self.hidden_var
+
+    @property
+    def eps_dominated(self) -> bool:
+        return self.norm_eps > EPS_DOMINANCE * self.hidden_var
+
     def argv(self, run_dir: Path) -> list[str]:
         """The `gamma_titan.train` arguments (TorchTitan's command line) of this run."""
         return [*_argv(Path(self.config), self.overrides), "--job.dump_folder", str(run_dir)]
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "world_size": self.world_size, "tokens_per_param": self.tokens_per_param}
+        return {**asdict(self), "world_size": self.world_size, "tokens_per_param": self.tokens_per_param,
+                "epochs": self.epochs, "eps_ratio": self.eps_ratio, "eps_dominated": self.eps_dominated}
 
 
 def _cli(value: Any) -> str:
@@ -116,10 +146,11 @@ def plan_run(recipe: Recipe, scale_name: str, run: Run, extra: dict[str, Any] | 
         corpus = samples.epoch_samples * t.seq_len
     active = args.active_params()
     return PlannedRun(name=run.name, config=str(model.config), overrides=overrides, values=run.values, arm=run.arm,
-                      model_label=model.label, nodes=model.nodes, gpus_per_node=model.gpus_per_node, params=params,
+                      cell=run.cell, seed=run.seed, model_label=model.label, nodes=model.nodes, gpus_per_node=model.gpus_per_node, params=params,
                       params_non_embedding=non_embedding, active_params=active, seq_len=t.seq_len,
                       global_batch=global_batch, steps=0, tokens=0, corpus_tokens=corpus,
-                      flops_per_token=args.flops_per_token(t.seq_len), gpu_hours=0.0,
+                      flops_per_token=args.flops_per_token(t.seq_len), norm_eps=args.norm_eps,
+                      hidden_var=args.hidden_var_at_init(), gpu_hours=0.0,
                       stop_grace_seconds=config.gamma.reliability.stop_grace_seconds)
 
 
@@ -133,30 +164,38 @@ def finish(run: PlannedRun, scale: Scale, steps: int) -> None:
     run.stop_grace_seconds = stop_grace_seconds(configured, run.params, run.nodes, step_seconds)
     if run.stop_grace_seconds > configured:
         run.overrides["gamma.reliability.stop_grace_seconds"] = run.stop_grace_seconds
-    if scale.name == "tiny":
-        every = steps // TINY_MEASUREMENTS
+    if scale.name in MEASUREMENTS:
+        every = max(1, steps // MEASUREMENTS[scale.name])
         run.overrides.update({"validation.freq": every, "gamma.diagnostics.freq": every, "checkpoint.interval": steps})
 
 
 def plan(recipe: Recipe, scale_name: str, extra: dict[str, Any] | None = None,
-         steps_override: int | None = None) -> list[PlannedRun]:
+         steps_override: int | None = None, seeds: list[int] | None = None,
+         allow_epochs: float | None = None) -> list[PlannedRun]:
     """Every run of the recipe at this scale, checked, with its steps. The runs of one model
     share one step count (the largest any of them needs), so arms and grid points that
     add parameters (the gate) still see the same data. `steps_override` replaces the
-    budget (a smoke run)."""
+    budget (a smoke run), `seeds` the scale's seeds, `allow_epochs` its epoch limit."""
     scale = recipe.scale(scale_name)
+    if seeds is not None:
+        seeds = check_seeds(seeds, "--seeds")
+    if allow_epochs is not None and (not isinstance(allow_epochs, (int, float)) or allow_epochs <= 0):
+        raise ConfigError(f"--allow-epochs {allow_epochs}: must be a positive number")
+    limit = scale.allow_epochs if allow_epochs is None else allow_epochs
     if steps_override is not None:
-        quarters = scale_name == "tiny" and steps_override % TINY_MEASUREMENTS
-        if not isinstance(steps_override, int) or steps_override < 1 or quarters:
+        every = MEASUREMENTS.get(scale_name, 1)
+        if not isinstance(steps_override, int) or steps_override < 1 or steps_override % every:
             raise ConfigError(f"--steps {steps_override}: must be a positive integer"
-                              + (f", a multiple of {TINY_MEASUREMENTS} at the tiny scale" if quarters else ""))
+                              + (f", a multiple of {every} at the {scale_name} scale" if every > 1 else ""))
     varied = set(recipe.grid) | {key for arm in recipe.arms.values() for key in arm}
+    if seeds is not None or len(scale.seeds) > 1:
+        varied |= {"debug.seed", "gamma.data.seed"}
     for key in extra or {}:
         if key in varied:
             raise ConfigError(f"--{key}: recipe {recipe.name} sets it per run; edit the recipe to change it")
         if key == "training.steps":
             raise ConfigError("--training.steps: the token budget sets it; use --steps N for a shorter run")
-    runs = recipe.runs(scale_name)
+    runs = recipe.runs(scale_name, seeds)
     names = [r.name for r in runs]
     if len(set(names)) != len(names):
         raise ConfigError(f"recipe {recipe.name}: two runs share a name; give the models distinct flavors")
@@ -169,23 +208,47 @@ def plan(recipe: Recipe, scale_name: str, extra: dict[str, Any] | None = None,
         steps[r.model_label] = steps_override or max(steps.get(r.model_label, 0), need)
     for r in planned:
         finish(r, scale, steps[r.model_label])
+    for r in planned:
+        if r.epochs is not None and r.epochs > limit * (1 + 1e-9):
+            raise ConfigError(
+                f"recipe {recipe.name}, run {r.name}: {r.epochs:.3g} epochs of training.dataset "
+                f"({r.tokens / 1e6:.4g}M of {r.corpus_tokens / 1e6:.4g}M tokens), more than the {limit:g} "
+                f"[scale.{scale_name}] allow_epochs permits; give it more data (--training.dataset_path), "
+                "a smaller budget, or a higher allow_epochs (--allow-epochs)")
     return planned
 
 
+def eps_warnings(recipe: Recipe, runs: list[PlannedRun]) -> list[str]:
+    """A warning when the recipe ablates ε (its grid varies ε, everything else fixed) and ε
+    dominates σ²(h) in none of its runs. (Arms that change ε together with γ compare
+    whole settings, not ε.)"""
+    if NORM_EPS not in recipe.grid or any(r.eps_dominated for r in runs):
+        return []
+    worst = max(runs, key=lambda r: r.eps_ratio)
+    return [f"WARNING: this recipe varies ε, but ε ≤ {EPS_DOMINANCE:g}·σ²(h) in every run (largest ε/σ²(h): "
+            f"{worst.eps_ratio:.3g}, run {worst.name}); the norms see the scale either way, so the ablation "
+            "cannot show an effect. Use a wider model (σ²(h) = d^(−2γ)) or a larger γ."]
+
+
 def format_plan(recipe: Recipe, scale: str, runs: list[PlannedRun]) -> str:
-    lines = [f"recipe {recipe.name} ({recipe.figure}), scale {scale}: {len(runs)} runs"]
+    seeds = sorted({r.seed for r in runs if r.seed is not None})
+    lines = [f"recipe {recipe.name} ({recipe.figure}), scale {scale}: {len(runs)} runs"
+             + (f" ({len({r.cell for r in runs})} settings x seeds {', '.join(map(str, seeds))})" if seeds else "")]
     total_hours = 0.0
     for r in runs:
         total_hours += r.gpu_hours
-        corpus = f", {r.tokens / r.corpus_tokens:.3g} epochs of training.dataset" if r.corpus_tokens else ""
+        corpus = f", {r.epochs:.3g} epochs of training.dataset" if r.epochs is not None else ""
         lines += [
             f"  {r.name}: {Path(r.config).name}  world {r.world_size} ({r.nodes} node x {r.gpus_per_node})",
             f"    params {r.params / 1e6:.3g}M ({r.params_non_embedding / 1e6:.3g}M non-embedding"
             + (f", {r.active_params / 1e6:.3g}M active" if r.active_params else "") + ")"
             + f"  tokens {r.tokens / 1e6:.4g}M = {r.tokens_per_param:.1f}/param{corpus}",
             f"    steps {r.steps} x {r.global_batch} seq x {r.seq_len}  ≈ {r.gpu_hours:.3g} GPU-hours",
+            f"    ε / σ²(h) at init = {r.norm_eps:g} / {r.hidden_var:.3g} = {r.eps_ratio:.3g}"
+            + (" (ε-DOMINATED)" if r.eps_dominated else f" (ε negligible: <= {EPS_DOMINANCE:g})"),
             "    overrides " + " ".join(f"--{k} {_cli(v)}" for k, v in r.overrides.items()),
         ]
     lines.append(f"total ≈ {total_hours:.4g} GPU-hours (at {recipe.scale(scale).assumed_mfu:.0%} MFU of "
                  f"{recipe.scale(scale).gpu_peak_tflops:g} TFLOP/s per GPU)")
+    lines += eps_warnings(recipe, runs)
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""`gamma-titan recipe run NAME --scale tiny|paper [--launcher local|slurm] [--dry-run] [--out DIR]`.
+"""`gamma-titan recipe run NAME --scale tiny|gpu|paper [--launcher local|slurm] [--dry-run] [--out DIR]`.
 
 Everything is checked first (the recipe, every run's config at its world size, the
 output folder), then: --dry-run prints the plan (and with slurm writes the scripts);
@@ -17,7 +17,6 @@ from gamma_titan.errors import ConfigError
 from gamma_titan.recipes.out_folder import PLAN_FILE, STATUS_FILE
 from gamma_titan.recipes.plan import PlannedRun, format_plan, plan
 from gamma_titan.recipes.spec import load_recipe
-
 
 
 def parse_overrides(args: list[str]) -> dict[str, Any]:
@@ -44,7 +43,7 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
 def plan_record(recipe, scale: str, runs: list[PlannedRun]) -> dict[str, Any]:
     return {"recipe": recipe.name, "recipe_file": str(recipe.path), "title": recipe.title, "figure": recipe.figure,
             "expect": recipe.expect, "scale": scale, "report": recipe.report, "grid": recipe.grid,
-            "arms": list(recipe.arms), "runs": [r.to_json() for r in runs]}
+            "arms": list(recipe.arms), "claims": recipe.claims, "runs": [r.to_json() for r in runs]}
 
 
 def _same_runs(a: Any, b: dict[str, Any]) -> bool:
@@ -77,7 +76,8 @@ def check_out(out: Path, record: dict[str, Any]) -> None:
 
 
 def run_recipe(name: str, scale: str, launcher: str = "local", dry_run: bool = False, out: str | None = None,
-               jobs: int = 1, overrides: list[str] | None = None, steps: int | None = None) -> int:
+               jobs: int = 1, overrides: list[str] | None = None, steps: int | None = None,
+               seeds: list[int] | None = None, allow_epochs: float | None = None) -> int:
     from gamma_titan.data.cache import write_json_atomic
 
     if launcher not in ("local", "slurm"):
@@ -85,7 +85,7 @@ def run_recipe(name: str, scale: str, launcher: str = "local", dry_run: bool = F
     if jobs < 1:
         raise ConfigError(f"--jobs {jobs}: must be >= 1")
     recipe = load_recipe(name)
-    runs = plan(recipe, scale, parse_overrides(overrides or []), steps)
+    runs = plan(recipe, scale, parse_overrides(overrides or []), steps, seeds, allow_epochs)
     out_dir = Path(out) if out else Path("runs") / f"{recipe.name}-{scale}"
     record = plan_record(recipe, scale, runs)
     check_out(out_dir, record)
@@ -124,8 +124,9 @@ def run_recipe(name: str, scale: str, launcher: str = "local", dry_run: bool = F
     write_json_atomic(out_dir / STATUS_FILE, {**previous, **{n: s for n, s in status.items() if s["status"] != "skipped"}})
     report = write_report(out_dir)
     text = report.read_text(encoding="utf-8")
-    if "## Tables" in text:  # the recipe's answer, here as well as in the file
-        print(text.split("## Tables", 1)[1].split("\n## ", 1)[0].strip())
+    for section in ("## Tables", "## Claims"):  # the recipe's answer, here as well as in the file
+        if section in text:
+            print(section + text.split(section, 1)[1].split("\n## ", 1)[0].rstrip())
     print(f"report: {report}")
     failed = [n for n, s in status.items() if s["status"].startswith("failed")]
     if failed:

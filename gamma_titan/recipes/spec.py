@@ -5,10 +5,16 @@
     [grid]         one run per combination of values     "gamma.init_rate" = [0.5, 1.0]
     [arms.NAME]    named override sets, crossed with the grid (scaling: standard vs small)
     [report]       rows / columns of the pivot table; fit = true for the scaling law
-    [scale.tiny]   models (config + flavor) and a budget of tokens_per_param
+    [[claims]]     what the paper says that the runs test, each with a verdict (reports/claims.py)
+    [scale.tiny]   models (config + flavor) and a budget of tokens_per_param (CPU, minutes)
+    [scale.gpu]    the same on one GPU (about an hour per recipe)
     [scale.paper]  models with nodes, gpus_per_node, global_batch; a budget of tokens
 
-Runs = models × arms × grid. Override keys are TorchTitan/gamma-titan config keys
+A scale may also set `seeds` (every run is repeated once per seed: the init seed and the
+data order both change; default 3 seeds at the tiny scale, one elsewhere) and
+`allow_epochs` (how many passes over the training data a run may make; default 1).
+
+Runs = models × arms × grid × seeds. Override keys are TorchTitan/gamma-titan config keys
 (`section.key`), exactly as on the `gamma-titan train` command line.
 """
 
@@ -24,9 +30,14 @@ from gamma_titan.errors import ConfigError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 RECIPES_DIR = PROJECT_ROOT / "recipes"
-SCALES = ("tiny", "paper")
+SCALES = ("tiny", "gpu", "paper")
+#: Seeds per scale when the recipe names none: the tiny scale's differences are small
+#: enough that one seed cannot tell them from noise.
+DEFAULT_SEEDS = {"tiny": (0, 1, 2), "gpu": (0,), "paper": (0,)}
+#: What a seed sets: the init's random stream and the training data's order.
+SEED_KEYS = ("debug.seed", "gamma.data.seed")
 #: Short names for run labels: ("gamma.init_rate", 1.0) -> "g1".
-LABELS = {"gamma.init_rate": "g", "gamma.norm_eps": "eps", "gamma.attention_gate": "gate"}
+LABELS = {"gamma.init_rate": "g", "gamma.norm_eps": "eps", "gamma.attention_gate": "gate", "optimizer.lr": "lr"}
 
 
 @dataclass
@@ -56,6 +67,8 @@ class Scale:
     gpu_peak_tflops: float = 989.0  # H100 SXM dense bf16, for the GPU-hours estimate
     assumed_mfu: float = 0.4
     time_limit_hours: float | None = None  # SLURM --time; None: 1.5 × the estimate
+    seeds: tuple[int, ...] = (0,)
+    allow_epochs: float = 1.0  # passes over the training data a run may make
 
 
 @dataclass
@@ -67,6 +80,8 @@ class Run:
     arm: str | None
     values: dict[str, Any]  # the grid point and arm overrides that set this run apart
     overrides: dict[str, Any]  # everything the run gets on top of its config
+    cell: str  # the name without the seed: the runs of one cell differ only in their seed
+    seed: int | None = None  # None: the config's own seeds (a scale with one seed)
 
 
 @dataclass
@@ -81,9 +96,12 @@ class Recipe:
     arms: dict[str, dict[str, Any]]
     report: dict[str, Any]
     scales: dict[str, Scale]
+    claims: list[dict[str, Any]] = field(default_factory=list)  # checked by reports/claims.py
 
-    def runs(self, scale: str) -> list[Run]:
+    def runs(self, scale: str, seeds: tuple[int, ...] | None = None) -> list[Run]:
+        """Every run at this scale: models × arms × grid × seeds (`seeds` replaces the scale's)."""
         s = self.scale(scale)
+        seeds = tuple(s.seeds if seeds is None else seeds)
         arms = list(self.arms.items()) or [(None, {})]
         keys = list(self.grid)
         runs = []
@@ -94,10 +112,16 @@ class Recipe:
                     parts = [model.label] if len(s.models) > 1 else []
                     parts += [arm] if arm else []
                     parts += [f"{LABELS.get(k, k.rsplit('.', 1)[-1])}{_fmt(v)}" for k, v in zip(keys, point)]
+                    cell = "_".join(parts) or model.label
                     overrides = {**self.set, **s.set, **values}
                     if model.flavor:
                         overrides["model.flavor"] = model.flavor
-                    runs.append(Run("_".join(parts) or model.label, model, arm, values, overrides))
+                    if len(seeds) == 1 and seeds == DEFAULT_SEEDS[scale]:
+                        runs.append(Run(cell, model, arm, values, overrides, cell))
+                        continue
+                    for seed in seeds:
+                        runs.append(Run(f"{cell}_s{seed}", model, arm, values,
+                                        {**overrides, **{k: seed for k in SEED_KEYS}}, cell, seed))
         return runs
 
     def scale(self, name: str) -> Scale:
@@ -168,7 +192,8 @@ def _model(entry: Any, recipe: Path, where: str) -> Model:
 
 def _scale(name: str, raw: dict, recipe: Path) -> Scale:
     where = f"{recipe.name} [scale.{name}]"
-    allowed = {"models", "tokens", "tokens_per_param", "set", "gpu_peak_tflops", "assumed_mfu", "time_limit_hours"}
+    allowed = {"models", "tokens", "tokens_per_param", "set", "gpu_peak_tflops", "assumed_mfu", "time_limit_hours",
+               "seeds", "allow_epochs"}
     unknown = set(raw) - allowed
     if unknown:
         raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r}; allowed {', '.join(sorted(allowed))}")
@@ -178,7 +203,12 @@ def _scale(name: str, raw: dict, recipe: Path) -> Scale:
     scale = Scale(name=name, models=[_model(m, recipe, f"{where}.models[{i}]") for i, m in enumerate(models)],
                   tokens=raw.get("tokens"), tokens_per_param=raw.get("tokens_per_param"), set=raw.get("set", {}),
                   gpu_peak_tflops=raw.get("gpu_peak_tflops", 989.0), assumed_mfu=raw.get("assumed_mfu", 0.4),
-                  time_limit_hours=raw.get("time_limit_hours"))
+                  time_limit_hours=raw.get("time_limit_hours"),
+                  seeds=check_seeds(raw.get("seeds", list(DEFAULT_SEEDS[name])), f"{where}.seeds"),
+                  allow_epochs=raw.get("allow_epochs", 1.0))
+    if not isinstance(scale.allow_epochs, (int, float)) or isinstance(scale.allow_epochs, bool) \
+            or scale.allow_epochs <= 0:
+        raise ConfigError(f"{where}.allow_epochs = {scale.allow_epochs!r}: must be a positive number")
     if not isinstance(scale.set, dict):
         raise ConfigError(f"{where}.set: a table of overrides")
     for key in ("gpu_peak_tflops", "assumed_mfu", "time_limit_hours"):
@@ -193,13 +223,23 @@ def _scale(name: str, raw: dict, recipe: Path) -> Scale:
     return scale
 
 
+def check_seeds(seeds: Any, where: str) -> tuple[int, ...]:
+    """A non-empty list of distinct integers >= 0."""
+    if (not isinstance(seeds, (list, tuple)) or not seeds or len(set(seeds)) != len(seeds)
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds)):
+        shown = f"{where} {','.join(map(str, seeds))}" if where.startswith("--") and isinstance(seeds, (list, tuple)) \
+            else f"{where} = {seeds!r}"
+        raise ConfigError(f"{shown}: must be a non-empty list of distinct integers >= 0")
+    return tuple(seeds)
+
+
 def load_recipe(name: str) -> Recipe:
     path = find_recipe(name)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML ({e})") from None
-    allowed = {"recipe", "set", "grid", "arms", "report", "scale"}
+    allowed = {"recipe", "set", "grid", "arms", "report", "scale", "claims"}
     unknown = set(raw) - allowed
     if unknown:
         raise ConfigError(f"{path.name}: unknown table [{sorted(unknown)[0]}]; allowed {', '.join(sorted(allowed))}")
@@ -213,13 +253,18 @@ def load_recipe(name: str) -> Recipe:
         if not isinstance(values, dict):
             raise ConfigError(f"{path.name} [arms.{arm}]: a table of overrides")
     scales = _table(raw, "scale", path.name)
-    missing = [s for s in SCALES if s not in scales]
-    if missing:
-        raise ConfigError(f"{path.name}: needs [scale.{missing[0]}] (scales: {', '.join(SCALES)})")
+    unknown = [s for s in scales if s not in SCALES]
+    if unknown or not scales:
+        raise ConfigError(f"{path.name}: " + (f"unknown [scale.{unknown[0]}]" if unknown else "no [scale.NAME]")
+                          + f"; the scales are {', '.join(SCALES)}")
     report = _table(raw, "report", path.name)
     for key in ("rows", "columns"):
         if key in report and report[key] not in {*grid, "arm", "model"}:
             raise ConfigError(f"{path.name} [report] {key} = {report[key]!r}: a [grid] key, 'arm' or 'model'")
+    from gamma_titan.reports.claims import check_claims
+
+    claims = raw.get("claims", [])
+    check_claims(claims, {*grid, "arm", "model", *{k for arm in arms.values() for k in arm}}, path.name)
     return Recipe(name=path.stem, path=path, title=head.get("title", path.stem), figure=head.get("figure", ""),
                   expect=head.get("expect", ""), set=_table(raw, "set", path.name), grid=grid, arms=arms,
-                  report=report, scales={n: _scale(n, s, path) for n, s in scales.items()})
+                  report=report, scales={n: _scale(n, s, path) for n, s in scales.items()}, claims=claims)

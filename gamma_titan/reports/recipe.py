@@ -3,9 +3,15 @@
 RUN_ROOT is a recipe's output folder: recipe.json (the plan, gamma_titan/recipes/run.py)
 and one dump folder per run. Everything shown is read from each run's metrics.jsonl:
 
-- final validation loss: the last `val_loss` (the whole held-out split at the tiny scale);
+- final validation loss: the last `val_loss`;
 - final train loss: the mean of the last five logged training losses;
-- sink score: the last measurement per layer, and its mean over layers.
+- sink score: the last measurement per layer, and its mean over layers;
+- MoE expert load: the last `moe/load_max_over_mean` and the smallest `load_min_over_mean`.
+
+Runs that differ only in their seed form a cell: the tables give its mean ± standard
+deviation over seeds, and each Δ its pooled standard error, marked * where |Δ| exceeds
+the noise (reports/claims.py). The report ends with the claims table: one row per claim of
+the paper that the recipe tests, with its verdict.
 
 Writes RUN_ROOT/report/report.md with PNGs next to it, and returns the markdown's path.
 """
@@ -19,11 +25,13 @@ from typing import Any
 
 from gamma_titan.errors import ConfigError
 from gamma_titan.recipes.out_folder import PLAN_FILE, STATUS_FILE
+from gamma_titan.reports.claims import CellStats, claims_table, difference, evaluate
 from gamma_titan.reports.run_metrics import final_values, read_metrics, series, sink_by_layer
 from gamma_titan.reports.scaling import effective_size_gain, fit_power_law
 
 MIN_TOKENS_PER_PARAM = 20
-SHORT = {"gamma.init_rate": "γ", "gamma.norm_eps": "ε", "gamma.attention_gate": "gate", "model": "model", "arm": "arm"}
+SHORT = {"gamma.init_rate": "γ", "gamma.norm_eps": "ε", "gamma.attention_gate": "gate", "optimizer.lr": "lr",
+         "model": "model", "arm": "arm"}
 
 
 def _value(run: dict[str, Any], key: str) -> Any:
@@ -65,6 +73,8 @@ def load_runs(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         final = final_values(records)
         done = bool(records) and final["step"] >= run["steps"]
         state = status.get(run["name"], {})
+        run.setdefault("cell", run["name"])  # plans written before seeds: one run per cell
+        run.setdefault("seed", None)
         runs.append({**run, "records": records, "final": final, "finished": done,
                      "status": "finished" if done else (state.get("status") or ("partial" if records else "not run")),
                      "seconds": state.get("seconds")})
@@ -74,21 +84,33 @@ def load_runs(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 def _runs_table(plan: dict[str, Any], runs: list[dict[str, Any]]) -> list[str]:
     keys = [k for k in plan["grid"]] + (["arm"] if plan["arms"] else []) + (
         ["model"] if len({r["model_label"] for r in runs}) > 1 else [])
-    head = ["run", *[SHORT.get(k, k) for k in keys], "params (non-emb.)", "tokens", "tokens/param", "epochs",
-            "steps", "train loss", "val loss", "mean sink", "‖h_L−e‖/‖e‖", "ε-dominated at step 1", "time (s)",
-            "status"]
+    seeds = any(r.get("seed") is not None for r in runs)
+    moe = any(r["final"].get("load_max") is not None for r in runs)
+    head = ["run", *[SHORT.get(k, k) for k in keys], *(["seed"] if seeds else []), "params (non-emb.)", "tokens",
+            "tokens/param", "epochs", "steps", "train loss", "val loss", "mean sink", "‖h_L−e‖/‖e‖",
+            "ε-dominated at step 1", *(["expert load max / min (÷ mean)"] if moe else []), "time (s)", "status"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in runs:
         f = r["final"]
         epochs = f"{r['tokens'] / r['corpus_tokens']:.2g}" if r.get("corpus_tokens") else "–"
-        cells = [r["name"], *[_label(_value(r, k)) for k in keys],
+        load = f"{_fmt(f.get('load_max'), 2)} / {_fmt(f.get('load_min'), 2)}"
+        cells = [r["name"], *[_label(_value(r, k)) for k in keys], *([_label(r.get("seed"))] if seeds else []),
                  f"{_si(r['params'])} ({_si(r['params_non_embedding'])})", _si(r["tokens"]),
                  f"{r['tokens_per_param']:.1f}", epochs, f"{f['step']}/{r['steps']}", _fmt(f["train_loss"]),
                  _fmt(f["val_loss"]), _fmt(f["sink_mean"], 3), _fmt(f["residual_flow"], 3),
-                 _fmt(f["eps_dominated_first"], 2),
+                 _fmt(f["eps_dominated_first"], 2), *([load] if moe else []),
                  _fmt(round(r["seconds"])) if r.get("seconds") else "–", r["status"]]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def cell_stats(runs: list[dict[str, Any]], metric: str) -> dict[str, CellStats]:
+    """cell -> the metric's statistics over that cell's finished seeds."""
+    values: dict[str, list[float]] = {}
+    for r in runs:
+        if r["finished"] and r["final"].get(metric) is not None:
+            values.setdefault(r["cell"], []).append(r["final"][metric])
+    return {cell: CellStats.of(v) for cell, v in values.items()}
 
 
 def _row_keys(plan: dict[str, Any], runs: list[dict[str, Any]]) -> list[str]:
@@ -111,21 +133,28 @@ def _pivot(plan: dict[str, Any], runs: list[dict[str, Any]], metric: str, title:
     keys = _row_keys(plan, runs)
     rows = list(dict.fromkeys(_row(r, keys) for r in runs))
     cols = list(dict.fromkeys(_value(r, cols_key) for r in runs)) if cols_key else [None]
-    cell = {(_row(r, keys), _value(r, cols_key) if cols_key else None): r["final"][metric] for r in runs}
+    stats = cell_stats(runs, metric)
+    cell = {(_row(r, keys), _value(r, cols_key) if cols_key else None): stats.get(r["cell"]) for r in runs}
     if all(v is None for v in cell.values()):
         return []
     col_names = [f"{SHORT.get(cols_key, cols_key)} = {_label(c)}" for c in cols] if cols_key else [title]
     delta = cols_key is not None and len(cols) == 2
+    seeds = max(s.n for s in stats.values())
     head = [", ".join(SHORT.get(k, k) for k in keys), *col_names] + (["Δ (second − first)"] if delta else [])
-    lines = [f"**{title}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    what = f" (mean ± std over {seeds} seeds; Δ ± 2 SE, * beyond the noise)" if seeds > 1 else ""
+    lines = [f"**{title}**{what}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         values = [cell.get((row, c)) for c in cols]
-        cells = [", ".join(_label(v) for v in row), *[_fmt(v, digits) for v in values]]
+        cells = [", ".join(_label(v) for v in row), *[v.text(digits) if v else "–" for v in values]]
         if delta:
-            cells.append(_fmt(values[1] - values[0], digits) if None not in values else "–")
+            if None in values:
+                cells.append("–")
+            else:
+                diff = difference(values[0], values[1])
+                cells.append(diff.text(digits) + (" *" if diff.exceeds_noise else ""))
         lines.append("| " + " | ".join(cells) + " |")
     if not cols_key:
-        best = min((v, row) for (row, _), v in cell.items() if v is not None)
+        best = min((v.mean, row) for (row, _), v in cell.items() if v is not None)
         lines += ["", f"Lowest: {', '.join(SHORT.get(k, k) for k in keys)} = "
                       f"{', '.join(_label(v) for v in best[1])} ({_fmt(best[0], digits)})."]
     return lines + [""]
@@ -134,9 +163,11 @@ def _pivot(plan: dict[str, Any], runs: list[dict[str, Any]], metric: str, title:
 def scaling_fits(runs: list[dict[str, Any]], column: str) -> tuple[dict[Any, Any], list[str]]:
     """Per column value (arm): a power law in non-embedding parameters, when it has ≥ 3 sizes."""
     groups: dict[Any, list[tuple[int, float]]] = {}
-    for r in runs:
-        if r["final"]["val_loss"] is not None and r["finished"]:
-            groups.setdefault(_value(r, column), []).append((r["params_non_embedding"], r["final"]["val_loss"]))
+    stats, seen = cell_stats(runs, "val_loss"), set()
+    for r in runs:  # one point per cell: its mean over seeds
+        if r["cell"] in stats and r["cell"] not in seen:
+            seen.add(r["cell"])
+            groups.setdefault(_value(r, column), []).append((r["params_non_embedding"], stats[r["cell"]].mean))
     fits, lines = {}, ["## Scaling fit: L(N) = E + A·N^(−α), N = non-embedding parameters", ""]
     lines += [f"| {SHORT.get(column, column)} | sizes | E | A | α |", "|---|---|---|---|---|"]
     for name, points in groups.items():
@@ -199,21 +230,24 @@ def _plot_final(plan: dict[str, Any], runs: list[dict[str, Any]], fits: dict[Any
     if not by_model and not all(isinstance(_value(r, rows_key), (int, float)) for r in runs):
         return False
     fig, ax = plt.subplots(figsize=(6, 4))
-    groups: dict[Any, list[tuple[float, float]]] = {}
-    for r in runs:
-        if r["final"]["val_loss"] is None:
+    groups: dict[Any, list[tuple[float, float, float]]] = {}
+    stats, seen = cell_stats(runs, "val_loss"), set()
+    line_keys = ([cols_key] if cols_key else []) + _row_keys(plan, runs)[1:]  # one line per other setting
+    for r in runs:  # one point per cell: the mean over seeds, the std as an error bar
+        if r["cell"] not in stats or r["cell"] in seen:
             continue
+        seen.add(r["cell"])
         x = r["params_non_embedding"] if by_model else _value(r, rows_key)
-        line_keys = ([cols_key] if cols_key else []) + _row_keys(plan, runs)[1:]  # one line per other setting
         name = _value(r, cols_key) if line_keys == [cols_key] else (_row(r, line_keys) if line_keys else None)
-        groups.setdefault(name, []).append((x, r["final"]["val_loss"]))
+        groups.setdefault(name, []).append((x, stats[r["cell"]].mean, stats[r["cell"]].std or 0.0))
     for name, points in groups.items():
-        xs, ys = zip(*sorted(points))
+        xs, ys, errs = zip(*sorted(points))
         if isinstance(name, tuple):
             label = ", ".join(f"{SHORT.get(k, k)} = {_label(v)}" for k, v in zip(line_keys, name))
         else:
             label = f"{SHORT.get(cols_key, cols_key)} = {_label(name)}" if cols_key else None
-        line = ax.plot(xs, ys, marker="o", linestyle="" if name in fits else "-", label=label)[0]
+        line = ax.errorbar(xs, ys, yerr=errs if any(errs) else None, marker="o", capsize=3,
+                           linestyle="" if name in fits else "-", label=label).lines[0]
         if name in fits:
             grid = np.geomspace(min(xs), max(xs), 100)
             ax.plot(grid, fits[name](grid), color=line.get_color(),
@@ -223,8 +257,10 @@ def _plot_final(plan: dict[str, Any], runs: list[dict[str, Any]], fits: dict[Any
         ax.set_xlabel("non-embedding parameters")
     else:
         ax.set_xlabel(SHORT.get(rows_key, rows_key))
+        if rows_key == "optimizer.lr":
+            ax.set_xscale("log")
     ax.set_ylabel("final validation loss")
-    if any(line.get_label() and not line.get_label().startswith("_") for line in ax.get_lines()):
+    if any(label and not label.startswith("_") for label in ax.get_legend_handles_labels()[1]):
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -287,6 +323,9 @@ def write_report(root: str | Path, out: str | Path | None = None) -> Path:
         lines += ["![final loss](final_loss.png)", ""]
     if _plot_sink(runs, out / "sink_per_layer.png"):
         lines += ["![sink score per layer](sink_per_layer.png)", ""]
+    if plan.get("claims"):
+        keys = [*plan["grid"], *(["arm"] if plan["arms"] else []), "model"]
+        lines += claims_table(evaluate(plan["claims"], runs, _value, keys))
     path = out / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path

@@ -17,6 +17,7 @@ from gamma_titan.training.metrics import METRICS_FILE
 
 _SINK = re.compile(r"gamma/sink_score/layer_(\d+)")
 _EPS_DOMINATED = re.compile(r"gamma/eps_dominated_fraction/(layer_\d+|final_norm)")
+_LOAD_MIN = "moe/load_min_over_mean/layer_"
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -71,4 +72,8 @@ def final_values(records: list[dict[str, Any]], tail: int = 5) -> dict[str, Any]
     out["eps_dominated_first"] = mean(eps) if eps else None  # at the first measurement (step 1)
     flow = series(records, "gamma/residual_flow_ratio")
     out["residual_flow"] = flow[-1][1] if flow else None
+    load_max = series(records, "moe/load_max_over_mean")
+    out["load_max"] = load_max[-1][1] if load_max else None  # the worst layer, last logged step
+    last_load = next((r for r in reversed(records) if any(k.startswith(_LOAD_MIN) for k in r)), None)
+    out["load_min"] = min(v for k, v in last_load.items() if k.startswith(_LOAD_MIN)) if last_load else None
     return out

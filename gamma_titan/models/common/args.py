@@ -58,6 +58,12 @@ class GammaArgs(BaseModelArgs):
 
     # --- what the rest of the package asks ---------------------------------------------
 
+    def hidden_var_at_init(self) -> float:
+        """σ²(h) at the first RMSNorm at init: the token embedding's variance d^(−2γ) (the
+        smallest over the norms' inputs, since each block adds to it). ε matters once it
+        is no longer far below this."""
+        return float(self.dim) ** (-2 * self.init.rate_for("embedding"))
+
     def expert_parallel_divisor(self) -> int:
         """What an expert-parallel degree must divide (the routed experts); 1: the model
         has no experts, so expert parallelism does not apply."""

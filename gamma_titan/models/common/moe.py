@@ -6,14 +6,17 @@ router and token reorderer count tokens per expert with `torch.histc` on int64, 
 CPU does not implement; ours count with an integer scatter-add, which works on every
 device, needs no device-host sync, and gives identical counts.
 
-Routing is token-choice top-k over sigmoid (or softmax) scores. Load balancing is the
-auxiliary-loss-free kind: a per-expert bias, added to the scores only to choose experts,
-is nudged after each optimizer step towards an even load (TorchTitan's
-`build_optimizers_with_moe_load_balancing`, `load_balance_coeff` its step size).
-Optionally an auxiliary balance loss α·E·Σ_i f_i·P_i is added as well (f_i: share of the
-routed slots that go to expert i, P_i: its mean normalised score; 1·α when perfectly
-balanced). It enters through the gradient only (`AuxLossGrad`), so the logged training
-loss stays the language-model loss; its value is logged as `moe/aux_loss`.
+Routing is token-choice top-k over sigmoid (or softmax) scores. Load balancing is
+DeepSeek-V3's pair:
+  * auxiliary-loss-free: a per-expert bias, added to the scores only to choose experts, is
+    nudged after each optimizer step towards an even load (TorchTitan's
+    `build_optimizers_with_moe_load_balancing`; `load_balance_coeff` is its step size, which
+    must keep up with how fast the router's scores move, i.e. with the learning rate);
+  * the complementary sequence-wise auxiliary loss α·E·Σ_i f_i·P_i, per sequence and then
+    averaged (f_i: the share of the sequence's routed slots that go to expert i, P_i: its
+    mean normalised score; 1·α when perfectly balanced). It enters through the gradient
+    only (`AuxLossGrad`), so the logged training loss stays the language-model loss; its
+    value is logged as `moe/aux_loss`.
 """
 
 from __future__ import annotations
@@ -34,11 +37,23 @@ def tokens_per_expert(expert_indices: torch.Tensor, num_experts: int) -> torch.T
 
 
 def balance_loss(scores: torch.Tensor, counts: torch.Tensor, top_k: int) -> torch.Tensor:
-    """E·Σ_i f_i·P_i over the tokens of one micro-batch (Switch / DeepSeek style)."""
+    """E·Σ_i f_i·P_i over a set of tokens: scores (tokens, E), counts (E,) of their routed slots."""
     num_experts = scores.shape[-1]
     share = counts.float() / (scores.shape[0] * top_k)  # f_i, sums to 1
     mean_score = (scores / scores.sum(dim=-1, keepdim=True)).mean(dim=0)  # P_i, sums to 1
     return num_experts * (share * mean_score).sum()
+
+
+def sequence_balance_loss(scores: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """DeepSeek-V3's sequence-wise balance loss: `balance_loss` of each sequence, averaged.
+    scores (batch, seq, E), indices (batch, seq, k) of the chosen experts."""
+    batch, seq, num_experts = scores.shape
+    top_k = indices.shape[-1]
+    counts = torch.zeros(batch, num_experts, dtype=torch.float32, device=scores.device)
+    counts.scatter_add_(1, indices.reshape(batch, -1), torch.ones(batch, seq * top_k, device=scores.device))
+    share = counts / (seq * top_k)  # f per sequence
+    mean_score = (scores / scores.sum(dim=-1, keepdim=True)).mean(dim=1)  # P per sequence
+    return num_experts * (share * mean_score).sum(dim=-1).mean()
 
 
 class AuxLossGrad(torch.autograd.Function):
@@ -59,7 +74,7 @@ class TokenChoiceRouter(nn.Module):
                  route_norm: bool, route_scale: float, aux_loss_coeff: float = 0.0):
         super().__init__()
         self.aux_loss_coeff = aux_loss_coeff
-        self.aux_loss: torch.Tensor | None = None  # of the last forward, with its graph
+        self.routed: tuple[torch.Tensor, torch.Tensor] | None = None  # (scores, indices) for the aux loss
         self.gate = nn.Linear(dim, num_experts, bias=False)
         self.num_experts, self.top_k = num_experts, top_k
         self.score_func, self.route_norm, self.route_scale = score_func, route_norm, route_scale
@@ -84,7 +99,7 @@ class TokenChoiceRouter(nn.Module):
         with torch.no_grad():
             self.load += counts
         if self.aux_loss_coeff > 0 and torch.is_grad_enabled():
-            self.aux_loss = self.aux_loss_coeff * balance_loss(scores, counts, self.top_k)
+            self.routed = (scores, indices)  # the layer makes the sequence-wise loss of them
         return top * self.route_scale, indices, counts
 
 
@@ -161,11 +176,16 @@ class MoELayer(MoE):
         self.aux_loss_weight = 1.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (batch, seq, dim)."""
         out = super().forward(x)
         if self.router.aux_loss_coeff == 0:
             return out
-        aux, self.router.aux_loss = self.router.aux_loss, None
-        if aux is not None:  # None under no_grad (evaluation)
+        routed, self.router.routed = self.router.routed, None
+        if routed is not None:  # None under no_grad (evaluation)
+            batch, seq, _ = x.shape
+            scores, indices = routed
+            aux = self.router.aux_loss_coeff * sequence_balance_loss(
+                scores.view(batch, seq, -1), indices.view(batch, seq, -1))
             self.last_aux_loss = aux.detach()
             out = AuxLossGrad.apply(out, aux * self.aux_loss_weight)
         return out

@@ -90,10 +90,18 @@ dense_flavors = Flavors(
         ),
         # The recipes' CPU scale (recipes/*.toml, --scale tiny): a 512-token vocabulary and
         # two layers, so 20 tokens per parameter take minutes on 2 cores. The widths give
-        # the scaling recipe four sizes; SwiGLU width ≈ 8/3·d rounded up to 32.
+        # the scaling recipe four sizes; 128 is the narrowest where ε = 1e-5 dominates σ²(h)
+        # at γ = 1 (the ε ablation's). SwiGLU width ≈ 8/3·d rounded up to 32.
         **{f"tiny-{d}": DenseModelArgs(dim=d, n_layers=2, n_heads=2, ffn_hidden_dim=ffn, vocab_size=512,
                                        max_seq_len=256)
-           for d, ffn in ((32, 96), (48, 128), (64, 192), (96, 256))},
+           for d, ffn in ((32, 96), (48, 128), (64, 192), (96, 256), (128, 352))},
+        # The recipes' one-GPU scale (--scale gpu): 8 layers of width 256–768 (64-wide heads)
+        # with a 4096-token vocabulary: wide enough for ε to dominate at γ = 1 and for the
+        # residual flow d^(1−γ) to be small at γ = 1.5, small enough for ~20 tokens per
+        # parameter in minutes per run on one H100. SwiGLU ≈ 8/3·d rounded up to 128.
+        **{f"gpu-{d}": DenseModelArgs(dim=d, n_layers=8, n_heads=d // 64, ffn_hidden_dim=ffn, vocab_size=4096,
+                                      max_seq_len=1024)
+           for d, ffn in ((256, 768), (384, 1024), (512, 1408), (768, 2048))},
         # The paper's sizes: GPT-3 Small / Medium / Large / XL.
         "0.1B": DenseModelArgs(dim=768, n_layers=12, n_heads=12, ffn_hidden_dim=2048),
         "0.3B": DenseModelArgs(dim=1024, n_layers=24, n_heads=16, ffn_hidden_dim=2816),

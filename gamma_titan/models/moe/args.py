@@ -218,6 +218,8 @@ _DEBUG = dict(dim=256, n_layers=4, n_heads=4, vocab_size=4096, max_seq_len=512, 
 _DEBUG_MLA = dict(q_lora_rank=128, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=32, v_head_dim=32)
 _TINY = dict(dim=64, n_layers=2, n_heads=2, vocab_size=512, max_seq_len=256, n_dense_layers=1,
              ffn_hidden_dim=192, moe_hidden_dim=32, n_routed_experts=16, n_shared_experts=1, top_k=2)
+_GPU = dict(dim=512, n_layers=8, n_heads=8, vocab_size=4096, max_seq_len=1024, n_dense_layers=1,
+            ffn_hidden_dim=1408, moe_hidden_dim=256, n_routed_experts=32, n_shared_experts=1, top_k=4)
 _1_5B = dict(dim=1024, n_layers=13, n_heads=16, n_dense_layers=1, ffn_hidden_dim=2816,
              moe_hidden_dim=512, n_routed_experts=72, n_shared_experts=2, top_k=6)
 _1_5B_MLA = dict(kv_lora_rank=256, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64)
@@ -233,6 +235,10 @@ moe_flavors = Flavors(
         # 512-token vocabulary, one dense layer then one MoE layer of 16 small experts.
         "tiny": MoEModelArgs(**_TINY),
         "tiny-2x": MoEModelArgs(**{**_TINY, "dim": 96, "ffn_hidden_dim": 256, "moe_hidden_dim": 48}),
+        # The recipes' one-GPU scale (--scale gpu): 8 layers (1 dense) of 32 fine-grained
+        # experts, top-4, plus a shared one, 4096-token vocabulary.
+        "gpu": MoEModelArgs(**_GPU),
+        "gpu-2x": MoEModelArgs(**{**_GPU, "dim": 768, "n_heads": 12, "ffn_hidden_dim": 2048, "moe_hidden_dim": 384}),
         "1.5B-A0.25B": MoEModelArgs(**_1_5B),
         "1.5B-A0.25B-mla": MoEModelArgs(**_mla(**_1_5B, **_1_5B_MLA)),
         "3B-A0.5B": MoEModelArgs(**_3B),
