@@ -234,7 +234,6 @@ def build_builtin_corpus(out_dir: str | Path, source: str = BUILTIN_DOCS) -> dic
     _write_jsonl(out_dir / VALIDATION_FILE, splits["validation"])
     meta = {
         "name": corpus_name(source),
-        "source": source,
         "format_version": FORMAT_VERSION[source],
         "python": platform.python_version(),  # stdlib docs change between patch releases
         "splits": {

@@ -20,6 +20,7 @@ an ablation cannot show the paper's effect.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Any
 
 from gamma_titan.diagnostics.probe import EPS_DOMINANCE
 from gamma_titan.errors import ConfigError
-from gamma_titan.recipes.spec import Recipe, Run, Scale, check_seeds
+from gamma_titan.recipes.spec import SEED_KEYS, Recipe, Run, Scale, check_seeds
 from gamma_titan.training.launch import stop_grace_seconds
 
 STEP_MULTIPLE = {"tiny": 100, "gpu": 500, "paper": 1000}
@@ -199,7 +200,14 @@ def plan(recipe: Recipe, scale_name: str, extra: dict[str, Any] | None = None,
     names = [r.name for r in runs]
     if len(set(names)) != len(names):
         raise ConfigError(f"recipe {recipe.name}: two runs share a name; give the models distinct flavors")
-    planned = [plan_run(recipe, scale_name, r, extra) for r in runs]
+    planned, first_of_cell = [], {}
+    for r in runs:
+        if r.cell in first_of_cell:  # another seed: the same config but for two seeds (checked once)
+            first = first_of_cell[r.cell]
+            overrides = {**first.overrides, **{k: r.overrides[k] for k in SEED_KEYS}}
+            planned.append(dataclasses.replace(first, name=r.name, seed=r.seed, overrides=overrides))
+        else:
+            planned.append(first_of_cell.setdefault(r.cell, plan_run(recipe, scale_name, r, extra)))
     multiple = STEP_MULTIPLE[scale_name]
     steps: dict[str, int] = {}
     for r in planned:
