@@ -60,7 +60,8 @@ class ParamInit:
 
     @property
     def std(self) -> float | None:
-        return None if self.fan_in is None else self.fan_in**-self.gamma
+        """d_in^(−γ); None for a norm scale, or without γ (a model keeping its own init)."""
+        return None if self.fan_in is None or self.gamma is None else self.fan_in**-self.gamma
 
 
 def canonical_name(name: str) -> str:

@@ -8,7 +8,9 @@ forward pass at init (§2.4: ≍ d^(1−γ)).
 
 The model is built on the meta device and materialised one block at a time, each block
 initialised exactly as in training (same per-parameter seeds) and freed after its
-forward pass, so a 7B config inspects in a few GB of CPU memory.
+forward pass, so a 7B config inspects in a few GB of CPU memory. A TorchTitan model
+without [gamma] init_rate keeps TorchTitan's init, which initialises the whole model at
+once: it is materialised whole (its γ and target std are then blank).
 """
 
 from __future__ import annotations
@@ -65,6 +67,17 @@ class _NormProbe:
         return record
 
 
+def _plan(module: nn.Module, cfg, rule, prefix: str = "") -> list[ParamInit]:
+    """The γ plan, or under TorchTitan's init (cfg None) each parameter's group and fan-in."""
+    if cfg is not None:
+        return init_plan(module, cfg, rule, prefix)
+    plan = []
+    for name, param in module.named_parameters():
+        group, fan_in = rule(prefix + name, tuple(param.shape))
+        plan.append(ParamInit(prefix + name, group, fan_in, None))
+    return plan
+
+
 def _materialise(module: nn.Module, cfg, rule, prefix: str) -> list[ParamInit]:
     module.to_empty(device="cpu")
     reset_buffers(module, "cpu")  # MoE expert bias and load counters: garbage after to_empty
@@ -84,7 +97,7 @@ def _param_rows(module: nn.Module, plan: list[ParamInit], measure: bool) -> list
         }
         if measure:
             data = param.detach().float()
-            row["std"] = data.std().item() if entry.std is not None else None
+            row["std"] = data.std().item() if entry.fan_in is not None else None
             row["mean"] = data.mean().item()
         rows.append(row)
     return rows
@@ -94,9 +107,10 @@ def _param_rows(module: nn.Module, plan: list[ParamInit], measure: bool) -> list
 def inspect_model(spec, args, seq_len: int, measure: bool = True, probe_batch: int = 2,
                   probe_len: int = 128, seed: int | None = None) -> dict:
     """The report as a plain dict (the `--json` output)."""
+    titan_init = args.init is None  # TorchTitan's own init (models/titan, no [gamma] init_rate)
     if seed is None:
-        seed = args.init.seed if args.init.seed is not None else 0
-    cfg = dataclasses.replace(args.init, seed=seed)
+        seed = 0 if titan_init or args.init.seed is None else args.init.seed
+    cfg = None if titan_init else dataclasses.replace(args.init, seed=seed)
     with torch.device("meta"):
         model = spec.model_cls(args)
     rule = model.init_rule
@@ -108,8 +122,8 @@ def inspect_model(spec, args, seq_len: int, measure: bool = True, probe_batch: i
         "flops_per_token": flops,
         "seq_len": seq_len,
         "active_params": args.active_params(),
-        "init_rate": cfg.rate,
-        "init_rate_overrides": dict(cfg.rate_overrides),
+        "init_rate": None if titan_init else cfg.rate,
+        "init_rate_overrides": {} if titan_init else dict(cfg.rate_overrides),
         "norm_eps": args.norm_eps,
         "attention_gate": args.attention_gate,
         "measured": measure,
@@ -118,7 +132,7 @@ def inspect_model(spec, args, seq_len: int, measure: bool = True, probe_batch: i
         rows = [
             {"name": e.name, "group": e.group, "shape": list(p.shape), "fan_in": e.fan_in,
              "gamma": e.gamma, "target_std": e.std}
-            for e, p in zip(init_plan(model, cfg, rule), model.parameters())
+            for e, p in zip(_plan(model, cfg, rule), model.parameters())
         ]
         report["params"] = rows
         return report
@@ -127,28 +141,38 @@ def inspect_model(spec, args, seq_len: int, measure: bool = True, probe_batch: i
     probe = _NormProbe()
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, args.vocab_size, (probe_batch, min(probe_len, seq_len)), generator=gen)
+    if titan_init:
+        torch.manual_seed(seed)
+        model.to_empty(device="cpu")
+        model.init_weights(buffer_device="cpu")
+
+    def materialise(part: nn.Module, prefix: str) -> list[ParamInit]:
+        return _plan(part, None, rule, prefix) if titan_init else _materialise(part, cfg, rule, prefix)
+
+    def release(part: nn.Module) -> None:
+        if not titan_init:
+            part.to_empty(device="meta")  # free it before the next one
 
     emb = model.tok_embeddings
-    rows += _param_rows(emb, _materialise(emb, cfg, rule, "tok_embeddings."), True)
+    rows += _param_rows(emb, materialise(emb, "tok_embeddings."), True)
     e = emb(tokens).float()
-    emb.to_empty(device="meta")
+    release(emb)
 
-    model.rope = model._rope_cache(device="cpu")
-    rope = model.rope[: tokens.shape[1]]
+    block_inputs = model.block_inputs(tokens.shape[1], "cpu")
     h = e
     for i, layer in model.layers.items():
         prefix = f"layers.{i}."
-        rows += _param_rows(layer, _materialise(layer, cfg, rule, prefix), True)
+        rows += _param_rows(layer, materialise(layer, prefix), True)
         handles = probe.attach(layer, prefix)
-        h = layer(h, rope)
+        h = layer(h, *block_inputs)
         for handle in handles:
             handle.remove()
-        layer.to_empty(device="meta")  # free the block before the next one
+        release(layer)
 
     residual_flow = ((h - e).norm() / e.norm()).item()
     for name in ("norm", "output"):
         part = getattr(model, name)
-        rows += _param_rows(part, _materialise(part, cfg, rule, f"{name}."), True)
+        rows += _param_rows(part, materialise(part, f"{name}."), True)
     handles = probe.attach(model.norm, "norm.")
     logits = model.output(model.norm(h))
     for handle in handles:
@@ -186,7 +210,7 @@ def format_report(report: dict) -> str:
         + (f" ({active:,} active per token: matmul weights incl. output head)" if active else "")
         + ", "
         f"{report['flops_per_token'] / 1e9:.3f} GFLOP/token for training at seq_len {report['seq_len']}",
-        f"γ = {report['init_rate']:g}"
+        (f"γ = {report['init_rate']:g}" if report["init_rate"] is not None else "TorchTitan's init")
         + (f" (overrides {report['init_rate_overrides']})" if report["init_rate_overrides"] else "")
         + f", ε = {report['norm_eps']:g}, attention gate = {report['attention_gate']}",
         "",
@@ -204,10 +228,11 @@ def format_report(report: dict) -> str:
         groups[(row["group"], tuple(row["shape"]))].append(row)
     for (group, shape), rows in groups.items():
         first = rows[0]
-        target = "1 (scale)" if first["target_std"] is None else f"{first['target_std']:.4g}"
+        scale = first["fan_in"] is None
+        target = "1 (scale)" if scale else ("" if first["target_std"] is None else f"{first['target_std']:.4g}")
         measured = ""
         if report["measured"]:
-            key = "mean" if first["target_std"] is None else "std"
+            key = "mean" if scale else "std"
             vals = [r[key] for r in rows]
             measured = f"{min(vals):.4g}" if len(vals) == 1 else f"{min(vals):.4g}..{max(vals):.4g}"
         gamma = "" if first["gamma"] is None else f"{first['gamma']:g}"

@@ -25,10 +25,11 @@ def _check_init_rate(key: str, value: Any) -> None:
 
 
 def check_gamma(gamma: Gamma) -> None:
-    _check_init_rate("gamma.init_rate", gamma.init_rate)
-    if not _is_number(gamma.norm_eps) or gamma.norm_eps <= 0:
+    if gamma.init_rate is not None:
+        _check_init_rate("gamma.init_rate", gamma.init_rate)
+    if gamma.norm_eps is not None and (not _is_number(gamma.norm_eps) or gamma.norm_eps <= 0):
         raise ConfigError(f"gamma.norm_eps = {gamma.norm_eps!r}: must be a number > 0")
-    if gamma.attention_gate not in ATTENTION_GATES:
+    if gamma.attention_gate is not None and gamma.attention_gate not in ATTENTION_GATES:
         raise ConfigError(
             f"gamma.attention_gate = {gamma.attention_gate!r}: allowed {', '.join(ATTENTION_GATES)}"
         )

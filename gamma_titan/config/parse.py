@@ -94,6 +94,9 @@ def _normalise_cli(cls, argv: list[str]) -> list[str]:
                 break
         value = inline or (argv[i] if i < len(argv) and not inline else "")
         key = ".".join(parts)
+        if value == "None" and type(None) in typing.get_args(kind):  # unset an optional key
+            out.append(arg)
+            continue
         choices = _literal_choices(kind)
         if choices is not None and value not in choices:
             raise ConfigError(f"{key} = {value!r}: allowed {', '.join(map(str, choices))}")

@@ -7,14 +7,13 @@ data/names.py, the guard's action from reliability.py).
 """
 
 import typing
-from dataclasses import dataclass, field, fields, make_dataclass
+from dataclasses import dataclass, field, make_dataclass
 from typing import Literal
 
 from gamma_titan.data.names import ON_EXHAUSTED
 from gamma_titan.init import GROUPS
 from gamma_titan.models import TRAIN_SPECS
 from gamma_titan.models.common import ATTENTION_GATES
-from gamma_titan.models.common.args import KNOBS
 from gamma_titan.training.reliability import ON_NONFINITE
 
 
@@ -71,11 +70,15 @@ class Reliability:
 
 @dataclass
 class Gamma:
-    init_rate: float = 1.0
+    """The paper's three knobs. Each one left unset keeps the model's own choice: for
+    gamma_dense / gamma_moe the paper's (γ = 1, ε = 1e-12, elementwise gate), for
+    TorchTitan's models TorchTitan's (its init, its flavor's ε, no gate)."""
+
+    init_rate: float | None = None
     """γ: every weight matrix W ~ N(0, d_in^(-2γ)). 0.5 = standard scale, 1 = the paper's balance point."""
-    norm_eps: float = 1e-12
+    norm_eps: float | None = None
     """ε of every RMSNorm in the model. Must sit far below d^(-2γ), the hidden variance at init."""
-    attention_gate: Literal[ATTENTION_GATES] = "elementwise"
+    attention_gate: Literal[ATTENTION_GATES] | None = None
     """Sigmoid gate on each head's attention output: none, one per head, or one per channel."""
     init_truncation: float = 0.0
     """Truncate the init normal at ± this many σ; 0 draws a plain normal, as in the paper."""
@@ -93,9 +96,8 @@ def _model_args_overrides():
     for spec in TRAIN_SPECS.values():
         args_cls = type(next(iter(spec.model_args.values())))
         hints = typing.get_type_hints(args_cls)
-        for f in fields(args_cls):
-            if f.name not in KNOBS and not f.name.startswith("_"):
-                specs.setdefault(f.name, (f.name, hints[f.name] | None, field(default=None)))
+        for name in args_cls.model_args_fields():
+            specs.setdefault(name, (name, hints[name] | None, field(default=None)))
     return make_dataclass("ModelArgsOverrides", list(specs.values()))
 
 

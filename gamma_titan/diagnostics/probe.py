@@ -26,8 +26,6 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from gamma_titan.init import canonical_name
-from gamma_titan.models.common.attention import GatedAttention
-from gamma_titan.models.common.mla import GatedMLA
 
 from .sink import first_token_mass
 
@@ -62,7 +60,7 @@ class ActivationProbe:
             name = canonical_name(name)
             if isinstance(module, nn.RMSNorm):
                 self._handles.append(module.register_forward_pre_hook(self._norm_hook(name)))
-            elif isinstance(module, (GatedAttention, GatedMLA)):
+            elif hasattr(module, "probe_qk"):  # an attention module (see probe_qk below)
                 layer = _LAYER_SITE.match(name).group(1)
                 self._handles.append(module.register_forward_hook(self._attention_hook(layer)))
         return self
@@ -102,13 +100,15 @@ class ActivationProbe:
         return hook
 
     def _attention_hook(self, layer: str):
+        """An attention module says how to see inside it: `probe_qk(*inputs)` gives the
+        rotated queries and keys (bs, seqlen, local heads, head_dim) its forward made of
+        these inputs, and with a gate, `probe_gate(x)` the gate values."""
         def hook(module, inputs, output):
-            x, rope = inputs[0], inputs[1]
-            q, k, _ = module.qkv(x, rope)
+            q, k = module.probe_qk(*inputs)
             mass = first_token_mass(q.transpose(1, 2), k.transpose(1, 2))  # (batch, local heads)
             self._add(self.head_stats, f"sink_score/layer_{layer}", mass.sum(), mass.numel())
             if module.gate != "none":
-                gate = module.gate_values(x).float()
+                gate = module.probe_gate(inputs[0]).float()
                 self._add(self.head_stats, f"gate_mean/layer_{layer}", gate.sum(), gate.numel())
                 self._add(self.head_stats, f"gate_sparsity/layer_{layer}", (gate < GATE_CLOSED).sum(), gate.numel())
 

@@ -34,10 +34,10 @@ def check_parallelism(config, world_size: int, args) -> None:
     for key, value in degrees.items():
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"{key} = {value!r}: must be an integer >= 1")
-    if p.pipeline_parallel_degree > 1:
+    if p.pipeline_parallel_degree > 1 and not args.supports_pipeline_parallel():
         raise ConfigError(f"parallelism.pipeline_parallel_degree = {p.pipeline_parallel_degree}: "
                           f"{config.model.name} supports 1 (no pipeline parallelism)")
-    if p.context_parallel_degree > 1:
+    if p.context_parallel_degree > 1 and not args.supports_context_parallel():
         # TorchTitan's CP shards the sequence and passes positions= to the model; our rotary
         # cache is sliced by the local length, so each shard would be rotated as if it began
         # at position 0.

@@ -1,5 +1,7 @@
-"""The TrainSpec of a gamma_titan model family: its model, flavors and parallelize
-function, with TorchTitan's components and ours (data, tokenizer, metrics)."""
+"""The TrainSpec of a model family: its model, flavors and parallelize function, with
+TorchTitan's components and ours (data, tokenizer, metrics)."""
+
+import dataclasses
 
 from torchtitan.components.loss import build_cross_entropy_loss
 from torchtitan.components.lr_scheduler import build_lr_schedulers
@@ -20,7 +22,7 @@ def build_tokenizer(job_config) -> HuggingFaceTokenizer:
 
 def family_spec(model_cls, flavors, parallelize_fn, *, build_optimizers_fn=build_optimizers,
                 state_dict_adapter=None) -> TrainSpec:
-    return TrainSpec(
+    return with_our_components(TrainSpec(
         model_cls=model_cls,
         model_args=flavors,
         parallelize_fn=parallelize_fn,
@@ -30,7 +32,13 @@ def family_spec(model_cls, flavors, parallelize_fn, *, build_optimizers_fn=build
         build_dataloader_fn=build_dataloader,
         build_tokenizer_fn=build_tokenizer,
         build_loss_fn=build_cross_entropy_loss,
-        build_validator_fn=build_validator,
-        build_metrics_processor_fn=build_metrics_processor,
         state_dict_adapter=state_dict_adapter,
-    )
+    ))
+
+
+def with_our_components(spec: TrainSpec) -> TrainSpec:
+    """A TrainSpec with the project's data (shard datasets, and TorchTitan's text loader for
+    the others), tokenizer ("builtin") and metrics (metrics.jsonl, diagnostics) builders."""
+    return dataclasses.replace(spec, build_dataloader_fn=build_dataloader, build_tokenizer_fn=build_tokenizer,
+                               build_validator_fn=build_validator,
+                               build_metrics_processor_fn=build_metrics_processor)

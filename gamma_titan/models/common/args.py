@@ -18,6 +18,15 @@ from gamma_titan.init import GROUPS, GammaInit
 KNOBS = ("norm_eps", "attention_gate", "init")
 
 
+def gamma_init_config(job_config, default_rate: float) -> GammaInit:
+    """[gamma]'s init settings (γ, its per-group overrides, truncation) and the run's seed."""
+    gamma = job_config.gamma
+    overrides = {g: float(v) for g in GROUPS if (v := getattr(gamma.init_rate_overrides, g)) is not None}
+    rate = default_rate if gamma.init_rate is None else float(gamma.init_rate)
+    return GammaInit(rate=rate, rate_overrides=overrides, truncation=float(gamma.init_truncation),
+                     seed=job_config.debug.seed)
+
+
 class GammaArgs(BaseModelArgs):
     # --- the job config --------------------------------------------------------------
 
@@ -28,24 +37,29 @@ class GammaArgs(BaseModelArgs):
         from gamma_titan.errors import ConfigError
 
         allowed = {f.name for f in fields(self)} - set(KNOBS)
-        for f in fields(job_config.model_args):
+        for f in fields(job_config.model_args):  # the families' fields (model_args_fields)
             value = getattr(job_config.model_args, f.name)
             if value is None:
                 continue
             if f.name not in allowed:
                 raise ConfigError(f"model_args.{f.name} does not apply to model {job_config.model.name}")
             setattr(self, f.name, value)
-        gamma = job_config.gamma
-        self.norm_eps = float(gamma.norm_eps)
-        self.attention_gate = gamma.attention_gate
-        overrides = {g: float(v) for g in GROUPS if (v := getattr(gamma.init_rate_overrides, g)) is not None}
-        self.init = GammaInit(rate=float(gamma.init_rate), rate_overrides=overrides,
-                              truncation=float(gamma.init_truncation), seed=job_config.debug.seed)
+        gamma = job_config.gamma  # an unset knob keeps the flavor's (the paper's) value
+        if gamma.norm_eps is not None:
+            self.norm_eps = float(gamma.norm_eps)
+        if gamma.attention_gate is not None:
+            self.attention_gate = gamma.attention_gate
+        self.init = gamma_init_config(job_config, default_rate=self.init.rate)
         seq_lens = [job_config.training.seq_len]
         if job_config.validation.enable:
             seq_lens.append(job_config.validation.seq_len)
         self.max_seq_len = max(self.max_seq_len, *seq_lens)
         self.check()
+
+    @classmethod
+    def model_args_fields(cls) -> tuple[str, ...]:
+        """The fields [model_args] may set (the knobs come from [gamma])."""
+        return tuple(f.name for f in fields(cls) if f.name not in KNOBS and not f.name.startswith("_"))
 
     def check(self) -> None:
         """Raise ConfigError (naming the [model_args] or [gamma] key) for a shape that cannot work."""
@@ -63,6 +77,13 @@ class GammaArgs(BaseModelArgs):
         smallest over the norms' inputs, since each block adds to it). ε matters once it
         is no longer far below this."""
         return float(self.dim) ** (-2 * self.init.rate_for("embedding"))
+
+    def supports_pipeline_parallel(self) -> bool:
+        """Whether the family's TrainSpec has a pipelining function."""
+        return False
+
+    def supports_context_parallel(self) -> bool:
+        return False
 
     def expert_parallel_divisor(self) -> int:
         """What an expert-parallel degree must divide (the routed experts); 1: the model

@@ -49,6 +49,12 @@ class GatedAttention(nn.Module):
         """sigmoid(x W_g) as (bs, seqlen, heads, 1 or head_dim)."""
         return torch.sigmoid(self.gate_proj(x)).view(*x.shape[:2], -1, self.gate_width)
 
+    # What the diagnostics' probe asks of an attention module (diagnostics/probe.py).
+    def probe_qk(self, x: torch.Tensor, rope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.qkv(x, rope)[:2]
+
+    probe_gate = gate_values
+
     def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         bs, seqlen, _ = x.shape
         q, k, v = self.qkv(x, rope)

@@ -4,9 +4,9 @@
     h_l = block_l(h_{l-1}, rope)        (pre-norm attention + feed-forward, per family)
     logits = Output(RMSNorm(h_L))
 
-Untied embeddings, no biases, no dropout. A family (dense, MoE) supplies its blocks and
-says which γ group each of its parameters belongs to (`param_group`); initialisation is
-the γ rule of gamma_titan/init.py for every parameter.
+Untied embeddings, no biases, no dropout. A family (dense, MoE) supplies its blocks; every
+parameter's γ group and fan-in follow from its name in TorchTitan's layout (`init_rule`),
+and initialisation is the γ rule of gamma_titan/init.py for every parameter.
 """
 
 from __future__ import annotations
@@ -18,6 +18,39 @@ from torchtitan.protocols.model import ModelProtocol
 from gamma_titan.init import gamma_init_, standard_fan_in
 
 from .rope import rope_cache
+
+
+def param_group(name: str) -> str:
+    """The [gamma.init_rate_overrides] group of a weight, by its name in TorchTitan's
+    layout (which ours follows, and which TorchTitan's own models use)."""
+    if name.startswith("tok_embeddings."):
+        return "embedding"
+    if name.startswith("output."):
+        return "output"
+    if ".attention.gate_proj." in name:
+        return "gate"
+    if ".attention." in name:
+        return "attention"
+    if ".moe.router." in name:
+        return "router"
+    if ".feed_forward." in name or ".moe." in name:  # dense FFN, routed and shared experts
+        return "ffn"
+    raise KeyError(f"no γ group for parameter {name!r}")
+
+
+def param_fan_in(name: str, shape: tuple[int, ...]) -> int | None:
+    """d_in of a weight (None: a norm scale, filled with 1). TorchTitan stores routed
+    experts as (experts, out, in): w1, w3 (E, hidden, dim), w2 (E, dim, hidden); each
+    expert contracts its last dimension."""
+    if ".moe.experts." in name:
+        return shape[-1]
+    return standard_fan_in(shape)
+
+
+def init_rule(name: str, shape: tuple[int, ...]) -> tuple[str, int | None]:
+    """(γ group, fan-in) of a parameter: the `InitRule` of gamma_titan/init.py."""
+    fan_in = param_fan_in(name, shape)
+    return ("norm" if fan_in is None else param_group(name)), fan_in
 
 
 class DecoderLM(ModelProtocol):
@@ -45,35 +78,19 @@ class DecoderLM(ModelProtocol):
         h = self.norm(h)
         return self.output(h) if head else h
 
+    def block_inputs(self, seq_len: int, device) -> tuple:
+        """What each block takes after the hidden states, for a reader running the blocks
+        one by one (inspect): the rotary cache, rebuilt on `device`."""
+        self.rope = self._rope_cache(device=device)
+        return (self.rope[:seq_len],)
+
     def get_attention_masks(self, input_batch, tokenizer, extra_inputs=None) -> None:
         """Causal SDPA needs no mask object (TorchTitan's validator asks for one)."""
         return None
 
     # --- initialisation -------------------------------------------------------------
 
-    @staticmethod
-    def param_group(name: str) -> str:
-        """The [gamma.init_rate_overrides] group of a weight; families extend this."""
-        if name.startswith("tok_embeddings."):
-            return "embedding"
-        if name.startswith("output."):
-            return "output"
-        if ".attention.gate_proj." in name:
-            return "gate"
-        if ".attention." in name:
-            return "attention"
-        if ".feed_forward." in name:
-            return "ffn"
-        raise KeyError(f"no γ group for parameter {name!r}")
-
-    @classmethod
-    def param_fan_in(cls, name: str, shape: tuple[int, ...]) -> int | None:
-        return standard_fan_in(shape)
-
-    @classmethod
-    def init_rule(cls, name: str, shape: tuple[int, ...]) -> tuple[str, int | None]:
-        fan_in = cls.param_fan_in(name, shape)
-        return ("norm" if fan_in is None else cls.param_group(name)), fan_in
+    init_rule = staticmethod(init_rule)  # the same for every family: names say it all
 
     def init_weights(self, buffer_device: torch.device | None = None) -> None:
         """Called by TorchTitan after the model is materialised (and sharded)."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gamma_titan.init import standard_fan_in
 from gamma_titan.models.common import GatedAttention, SwiGLU
 from gamma_titan.models.common.decoder import DecoderLM
 from gamma_titan.models.common.mla import GatedMLA
@@ -53,19 +52,3 @@ class GammaMoE(DecoderLM):
     def __init__(self, args: MoEModelArgs):
         blocks = [MoEBlock(i, args) for i in range(args.n_layers)]
         super().__init__(args, blocks, args.rope_dim)
-
-    @staticmethod
-    def param_group(name: str) -> str:
-        if ".moe.router." in name:
-            return "router"
-        if ".moe." in name:  # routed and shared experts
-            return "ffn"
-        return DecoderLM.param_group(name)
-
-    @classmethod
-    def param_fan_in(cls, name: str, shape: tuple[int, ...]) -> int | None:
-        # TorchTitan stores routed experts as (experts, out, in): w1, w3 (E, hidden, dim),
-        # w2 (E, dim, hidden). Each expert contracts its last dimension.
-        if ".moe.experts." in name:
-            return shape[-1]
-        return standard_fan_in(shape)

@@ -1,0 +1,170 @@
+"""The paper's three knobs on TorchTitan's own models, in what every one of them shares.
+
+A TorchTitan model family here is TorchTitan's model, flavors, parallelize and pipelining
+functions and state-dict adapter, used by import, with three optional changes read from
+`[gamma]` (each unset knob leaves TorchTitan's choice alone, so without the table the
+model is TorchTitan's bit for bit):
+
+  init_rate (+ init_rate_overrides, init_truncation)
+        every weight W ~ N(0, d_in^(−2γ)) by gamma_titan/init.py's rule and its
+        device-independent draw, after TorchTitan's own init (which still sets the norms
+        to 1 and fills the buffers);
+  norm_eps
+        the ε of every RMSNorm of the model: the block norms, the final norm, qwen3's
+        q/k norms, MLA's q/kv norms;
+  attention_gate
+        a `gate_proj` inside each block's attention, sigmoid(x W_g) per head (headwise)
+        or per channel (elementwise) on the attention output before `wo`, x the block's
+        normed input: the model's attention class is swapped for its gated subclass.
+
+`TitanArgs` is the mixin each family's args add to TorchTitan's, so that the code outside
+`models/` can ask them what it asks of our own families (GammaArgs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from gamma_titan.errors import ConfigError
+from gamma_titan.init import GammaInit, gamma_init_
+from gamma_titan.models.common import ATTENTION_GATES
+from gamma_titan.models.common.args import GammaArgs, gamma_init_config
+from gamma_titan.models.common.decoder import init_rule
+
+#: [model_args] does not apply: TorchTitan's models take their shapes from their flavors.
+NO_MODEL_ARGS = ()
+
+
+@dataclass
+class TitanArgs(GammaArgs):
+    """Mixed in before a TorchTitan args class: `class Args(TitanArgs, TransformerModelArgs)`.
+    The fields hold the knobs, TorchTitan's choice where unset."""
+
+    attention_gate: str = "none"
+    init: GammaInit | None = None  # None: TorchTitan's init
+    every_norm_eps: float | None = None  # gamma.norm_eps, for the norms the flavor's ε does not reach
+
+    @classmethod
+    def model_args_fields(cls) -> tuple[str, ...]:
+        return NO_MODEL_ARGS
+
+    def update_from_config(self, job_config, **kwargs) -> None:
+        """TorchTitan's own update (after GammaArgs in the MRO), then the [gamma] knobs
+        that are set."""
+        super(GammaArgs, self).update_from_config(job_config, **kwargs)
+        for f in job_config.model_args.__dataclass_fields__:
+            if getattr(job_config.model_args, f) is not None:
+                raise ConfigError(f"model_args.{f}: {job_config.model.name} takes its shapes from its flavors "
+                                  "(model.flavor); [model_args] applies to gamma_dense and gamma_moe")
+        gamma = job_config.gamma
+        if gamma.norm_eps is not None:
+            self.norm_eps = self.every_norm_eps = float(gamma.norm_eps)
+        if gamma.attention_gate is not None:
+            self.attention_gate = gamma.attention_gate
+        if gamma.init_rate is not None:
+            self.init = gamma_init_config(job_config, default_rate=float(gamma.init_rate))
+        elif any(getattr(gamma.init_rate_overrides, g) is not None
+                 for g in gamma.init_rate_overrides.__dataclass_fields__):
+            raise ConfigError("gamma.init_rate_overrides: set gamma.init_rate too (without it, "
+                              f"{job_config.model.name} keeps TorchTitan's init)")
+        self.check()
+
+    def check(self) -> None:
+        if self.attention_gate not in ATTENTION_GATES:
+            raise ConfigError(f"gamma.attention_gate = {self.attention_gate!r}: allowed {', '.join(ATTENTION_GATES)}")
+        if self.attention_gate != "none" and getattr(self, "attn_type", "sdpa") == "varlen":
+            raise ConfigError("gamma.attention_gate: the gate is not wired for varlen attention; use a flavor "
+                              "with sdpa or flex attention, or gamma.attention_gate = \"none\"")
+
+    def check_parallelism(self, parallelism) -> None:
+        """TorchTitan's model runs every parallelism its own trainer allows."""
+
+    def supports_context_parallel(self) -> bool:
+        return True
+
+    def hidden_var_at_init(self) -> float:
+        """σ²(h) at the first norm: the embedding's variance, d^(−2γ) under γ-init, 1 under
+        TorchTitan's N(0, 1) embedding init."""
+        if self.init is None:
+            return 1.0
+        return float(self.dim) ** (-2 * self.init.rate_for("embedding"))
+
+    def float8_excluded_fqns(self) -> list[str]:
+        """The output head and, for a headwise gate, its d -> n_heads projection (too
+        narrow for float8's scaled matmuls)."""
+        return ["output", *(["gate_proj"] if self.attention_gate == "headwise" else [])]
+
+    def flops_per_token(self, seq_len: int) -> int:
+        with torch.device("meta"):
+            model = self.model_class()(self)
+        return self.get_nparams_and_flops(model, seq_len)[1]
+
+    def get_nparams_and_flops(self, model: nn.Module, seq_len: int) -> tuple[int, int]:
+        """TorchTitan's count (its formula counts the gate's weights with the others)."""
+        return super(GammaArgs, self).get_nparams_and_flops(model, seq_len)
+
+    def model_class(self) -> type[nn.Module]:
+        raise NotImplementedError
+
+
+# --------------------------------------------------------------------------- the model
+
+
+def gate_width(attention_gate: str, head_dim: int) -> int:
+    """Gate values per head: one (headwise) or one per channel of the head (elementwise)."""
+    return head_dim if attention_gate == "elementwise" else 1
+
+
+def apply_gate(out: torch.Tensor, gate_proj: nn.Module, x: torch.Tensor, width: int) -> torch.Tensor:
+    """out (bs, seq, heads, head_dim) × sigmoid(x W_g) viewed as (bs, seq, heads, width)."""
+    bs, seqlen = x.shape[:2]
+    return out * torch.sigmoid(gate_proj(x)).view(bs, seqlen, -1, width)
+
+
+def set_norm_eps(model: nn.Module, eps: float) -> None:
+    """ε of every RMSNorm in the model (RMSNorm reads `eps` at each call)."""
+    for module in model.modules():
+        if isinstance(module, nn.RMSNorm):
+            module.eps = eps
+
+
+class TitanKnobs:
+    """Mixed in before a TorchTitan model class. Applies the knobs the args hold: ε after
+    construction, γ-init after TorchTitan's init (called by the trainer once the model is
+    materialised and sharded). `ROPE` names the model's rotary buffer, which its blocks
+    take after the hidden states."""
+
+    ROPE = "freqs_cis"
+
+    def forward(self, tokens, attention_masks=None, positions=None, *, head: bool = True):
+        """TorchTitan's forward; with `head=False`, the final norm's output instead (the
+        diagnostics' probe needs no vocabulary-sized logits)."""
+        if head:
+            return super().forward(tokens, attention_masks, positions)
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers.values():
+            h = layer(h, getattr(self, self.ROPE), attention_masks, positions)
+        return self.norm(h)
+
+    def block_inputs(self, seq_len: int, device) -> tuple:
+        """A block's arguments after the hidden states, for a reader running the blocks one
+        by one (inspect): the rotary table rebuilt on `device`, no masks (causal SDPA)."""
+        self.init_rope(device)
+        return (getattr(self, self.ROPE), None)
+
+    def init_rope(self, device) -> None:
+        raise NotImplementedError
+
+    def apply_knobs(self) -> None:
+        if self.model_args.every_norm_eps is not None:
+            set_norm_eps(self, self.model_args.every_norm_eps)
+
+    init_rule = staticmethod(init_rule)
+
+    def init_weights(self, buffer_device: torch.device | None = None) -> None:
+        super().init_weights(buffer_device=buffer_device)
+        if self.model_args.init is not None:
+            gamma_init_(self, self.model_args.init, self.init_rule)

@@ -1,0 +1,152 @@
+"""llama3: TorchTitan's Llama 3 (model, flavors, parallelize and pipelining functions,
+state-dict adapter) with the paper's knobs from [gamma] (models/titan/knobs.py).
+
+The gate lives in `GatedLlama3Attention`, the one piece written here: TorchTitan's
+attention projects, rotates and attends as always (its own `apply_rotary_emb` and
+`inner_attention`), and the gate scales each head's output before `wo`. Every other
+attention, gated or not, answers the diagnostics' probe (`probe_qk`, `probe_gate`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+from torchtitan.models.llama3 import get_train_spec as titan_spec
+from torchtitan.models.llama3 import llama3_args
+from torchtitan.models.llama3.infra.parallelize import parallelize_llama
+from torchtitan.models.llama3.model.args import TransformerModelArgs
+from torchtitan.models.llama3.model.model import Attention, Transformer, apply_rotary_emb
+from torchtitan.models.llama3.model.state_dict_adapter import Llama3StateDictAdapter
+from torchtitan.models.utils import trunc_normal_
+
+from gamma_titan.models.common.flavors import Flavors
+from gamma_titan.models.common.sdpa import AttentionShape
+from gamma_titan.training.train_spec import with_our_components
+
+from .knobs import TitanArgs, TitanKnobs, apply_gate, gate_width
+
+#: TorchTitan's init std for the q/k/v projections, which the gate's input side shares.
+QKV_INIT_STD = 0.02
+
+
+@dataclass
+class Llama3Args(TitanArgs, TransformerModelArgs):
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    def model_class(self) -> type[nn.Module]:
+        return Llama3
+
+    def supports_pipeline_parallel(self) -> bool:
+        return True
+
+    def attention_shapes(self) -> list[AttentionShape]:
+        return [AttentionShape("mha", self.head_dim, self.head_dim, self.n_heads, self.kv_heads)]
+
+    def default_cosine_params(self) -> list[str]:
+        return [f"layers.{layer}.{w}.weight" for layer in sorted({0, self.n_layers - 1})
+                for w in ("attention.wo", "feed_forward.w1")]
+
+
+class Llama3Attention(Attention):
+    """TorchTitan's attention, unchanged, plus what the diagnostics' probe asks."""
+
+    gate = "none"
+
+    def probe_qk(self, x: torch.Tensor, freqs_cis: torch.Tensor, *args) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotated queries and keys, (bs, seqlen, local heads, head_dim), as forward makes them."""
+        bs, seqlen, _ = x.shape
+        q = self.wq(x).view(bs, seqlen, -1, self.head_dim)
+        k = self.wk(x).view(bs, seqlen, -1, self.head_dim)
+        positions = args[1] if len(args) > 1 else None
+        return apply_rotary_emb(q, k, freqs_cis=freqs_cis, positions=positions)
+
+
+class GatedLlama3Attention(Llama3Attention):
+    def __init__(self, args: Llama3Args):
+        super().__init__(args)
+        self.gate = args.attention_gate
+        self.gate_width = gate_width(self.gate, self.head_dim)
+        self.gate_proj = nn.Linear(args.dim, args.n_heads * self.gate_width, bias=False)
+
+    def init_weights(self, init_std: float) -> None:
+        """TorchTitan's init, and the gate's projection like the queries' (γ-init, when
+        set, redraws all of them afterwards)."""
+        super().init_weights(init_std)
+        trunc_normal_(self.gate_proj.weight, mean=0.0, std=QKV_INIT_STD)
+
+    def probe_gate(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.gate_proj(x))
+
+    def forward(self, x, freqs_cis, attention_masks, positions=None):
+        bs, seqlen, _ = x.shape
+        q, k = self.probe_qk(x, freqs_cis, attention_masks, positions)
+        v = self.wv(x).view(bs, seqlen, -1, self.head_dim)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (bs, heads, seqlen, head_dim)
+        if self.attn_type == "flex":
+            out = self.inner_attention(q, k, v, block_mask=attention_masks, enable_gqa=self.enable_gqa)
+        else:
+            out = self.inner_attention(q, k, v, enable_gqa=self.enable_gqa)
+        out = apply_gate(out.transpose(1, 2), self.gate_proj, x, self.gate_width)
+        return self.wo(out.reshape(bs, seqlen, -1))
+
+
+class Llama3(TitanKnobs, Transformer):
+    def __init__(self, args: Llama3Args):
+        super().__init__(args)
+        attention = GatedLlama3Attention if args.attention_gate != "none" else Llama3Attention
+        for block in self.layers.values():
+            block.attention = attention(args)
+        self.apply_knobs()
+
+    def init_rope(self, device) -> None:
+        with torch.device(device):
+            self.freqs_cis = self._precompute_freqs_cis()
+
+
+def parallelize(model: nn.Module, parallel_dims, job_config):
+    """TorchTitan's parallelize_llama; with TP, each gate projection is column-parallel
+    first, its output local heads like the queries' (TorchTitan's plan leaves q, k, v
+    local tensors)."""
+    if parallel_dims.tp_enabled and model.model_args.attention_gate != "none":
+        tp_mesh = parallel_dims.get_mesh("tp")
+        for block in model.layers.values():
+            parallelize_module(block, tp_mesh, {"attention.gate_proj": ColwiseParallel()})
+    return parallelize_llama(model, parallel_dims, job_config)
+
+
+#: HF name of the gate projection (the project's own GammaForCausalLM uses the same).
+GATE_HF = "model.layers.{}.self_attn.gate_proj.weight"
+
+
+class Llama3Adapter(Llama3StateDictAdapter):
+    """TorchTitan's Llama 3 <-> Hugging Face mapping, with the gate's projection."""
+
+    def __init__(self, model_args: Llama3Args, hf_assets_path: str | None):
+        super().__init__(model_args, hf_assets_path)
+        if model_args.attention_gate != "none":
+            self.from_hf_map[GATE_HF] = "layers.{}.attention.gate_proj.weight"
+
+
+def flavors() -> Flavors:
+    """TorchTitan's llama3 flavors as Llama3Args (copies: the trainer mutates them)."""
+    return Flavors({name: Llama3Args(**{f.name: getattr(args, f.name) for f in dataclasses.fields(args)})
+                    for name, args in llama3_args.items()})
+
+
+def train_spec():
+    """TorchTitan's llama3 TrainSpec (its pipelining function, optimizers, loss, ...) with
+    the knob-aware model, args, parallelize function and adapter, and our data, tokenizer
+    and metrics."""
+    return with_our_components(dataclasses.replace(
+        titan_spec(), model_cls=Llama3, model_args=flavors(), parallelize_fn=parallelize,
+        state_dict_adapter=Llama3Adapter))
