@@ -157,3 +157,52 @@ def test_the_gate_equals_a_naive_reference_on_one_block(gate):
         shut = attn(x, freqs, None)
         attn.wo.weight[:, 3 * (args.dim // args.n_heads):4 * (args.dim // args.n_heads)] = 0
         torch.testing.assert_close(shut, attn(x, freqs, None), rtol=0, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def llama3_runs(tmp_path_factory, builtin_assets):
+    """`llama3_runs(gate)`: the dump folder of a 4-step llama3 debug run with the paper's
+    γ and ε and this gate, checkpointed at step 4 (run once per gate, when first asked)."""
+    from helpers import QUIET, run_trainer
+
+    dumps = {}
+
+    def run(gate: str):
+        if gate not in dumps:
+            dump = tmp_path_factory.mktemp(f"llama3-{gate}") / "run"
+            run_trainer(dump, *QUIET, "--training.steps", "4", "--gamma.attention_gate", gate,
+                        "--checkpoint.enable", "true", "--checkpoint.interval", "4",
+                        config=TITAN_CONFIGS["llama3"])
+            dumps[gate] = dump
+        return dumps[gate]
+
+    return run
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("gate, hf_class", [("none", "LlamaForCausalLM"), ("elementwise", "GammaForCausalLM")])
+def test_trained_llama3_converts_to_hf_with_the_same_logits(gate, hf_class, llama3_runs, tmp_path):
+    """A trained checkpoint: without the gate TorchTitan's mapping to transformers' Llama
+    (ε = 1e-12 in its config), with it our GammaForCausalLM (Llama 3.1 RoPE scaling
+    included); transformers' logits equal the model's to 1e-4."""
+    transformers = pytest.importorskip("transformers")
+    from gamma_titan.convert.dcp_io import load_model_state
+    from gamma_titan.convert.hf import to_hf
+    from gamma_titan.convert.model_record import read_model_record
+    from gamma_titan.models import TRAIN_SPECS
+
+    step = llama3_runs(gate) / "checkpoint" / "step-4"
+    name, args, _ = read_model_record(step)
+    assert name == "llama3" and args.attention_gate == gate and args.init.rate == 1.0
+    model = TRAIN_SPECS["llama3"].model_cls(args)
+    model.load_state_dict(load_model_state(step))
+    folder = to_hf(step, tmp_path / "hf", progress=False)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == [hf_class] and config["rms_norm_eps"] == 1e-12
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, trust_remote_code=True)
+    assert type(hf).__name__ == hf_class
+    tokens = torch.randint(0, args.vocab_size, (2, 96), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours, theirs = model(tokens), hf(tokens).logits
+    assert ours.abs().max() > 1e-3  # trained logits, not a zero model
+    assert (ours - theirs).abs().max().item() <= 1e-4

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +54,11 @@ def args_from_record(record: dict[str, Any]):
                           f"allowed {', '.join(TRAIN_SPECS)})")
     flavors = TRAIN_SPECS[name].model_args
     args = flavors[record["flavor"]] if record["flavor"] in flavors else flavors[next(iter(flavors))]
+    hints = typing.get_type_hints(type(args))
     for key, value in record["args"].items():
-        current = getattr(args, key)
-        if dataclasses.is_dataclass(current) and isinstance(value, dict):
-            value = type(current)(**value)
+        if isinstance(value, dict):  # a nested dataclass (GammaInit, RoPE scaling), maybe optional
+            kinds = [hints[key], *typing.get_args(hints[key])]
+            value = next(k for k in kinds if dataclasses.is_dataclass(k))(**value)
         setattr(args, key, value)
     args.check()
     return name, args

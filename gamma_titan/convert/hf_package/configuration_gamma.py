@@ -15,7 +15,9 @@ class GammaConfig(PretrainedConfig):
                  # n_routed_experts > 0: layers from n_dense_layers on are mixtures of experts
                  n_routed_experts=0, n_shared_experts=0, num_experts_per_tok=1, moe_intermediate_size=0,
                  n_dense_layers=0, score_func="sigmoid", route_norm=True, route_scale=1.0, expert_bias=False,
-                 **kwargs):
+                 # Llama 3.1 RoPE scaling: {factor, low_freq_factor, high_freq_factor,
+                 # original_max_position_embeddings}; None: plain RoPE
+                 llama3_rope_scaling=None, **kwargs):
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers
@@ -33,5 +35,6 @@ class GammaConfig(PretrainedConfig):
         self.num_experts_per_tok, self.moe_intermediate_size = num_experts_per_tok, moe_intermediate_size
         self.n_dense_layers, self.score_func = n_dense_layers, score_func
         self.route_norm, self.route_scale, self.expert_bias = route_norm, route_scale, expert_bias
+        self.llama3_rope_scaling = llama3_rope_scaling
         kwargs.setdefault("tie_word_embeddings", False)
         super().__init__(**kwargs)

@@ -12,7 +12,9 @@ as gamma_titan.models.dense / .moe, top to bottom:
 gate(x) = sigmoid(Wg x), one value per head ("headwise") or per channel ("elementwise"),
 or 1 ("none"). FFN is SwiGLU, W2(silu(W1 x) * W3 x), or (MoE layers) shared SwiGLU experts
 plus the top-k routed experts, each fed the token scaled by its router score, as
-TorchTitan's MoE computes it. RMSNorm keeps the trained ε (often 1e-12). No KV cache:
+TorchTitan's MoE computes it. RMSNorm keeps the trained ε (often 1e-12). RoPE rotates
+channel halves ("rotate half"), with Llama 3.1's scaling when `llama3_rope_scaling` says so (a
+TorchTitan llama3 with the gate). No KV cache:
 generation recomputes the prefix, which is exact and fine for evaluation.
 """
 
@@ -25,8 +27,23 @@ from transformers.modeling_outputs import CausalLMOutput
 from .configuration_gamma import GammaConfig
 
 
-def rope_angles(head_dim, positions, theta):
+def llama3_scaled(inv_freq, scaling):
+    """Llama 3.1's RoPE scaling (TorchTitan's llama3 applies it always): wavelengths beyond
+    original / low_freq_factor are stretched by `factor`, those below original /
+    high_freq_factor kept, the band between interpolated."""
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    original = scaling["original_max_position_embeddings"]
+    wavelen = 2 * torch.pi / inv_freq
+    scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low)
+    medium = (wavelen >= original / high) & (wavelen <= original / low)
+    return torch.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+
+
+def rope_angles(head_dim, positions, theta, scaling=None):
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    if scaling is not None:
+        inv_freq = llama3_scaled(inv_freq, scaling)
     angles = positions.float()[..., None] * inv_freq  # (batch, seq, head_dim / 2)
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos()[:, :, None, :], angles.sin()[:, :, None, :]  # broadcast over heads
@@ -225,7 +242,7 @@ class GammaModel(GammaPreTrainedModel):
             position_ids = torch.arange(seq, device=input_ids.device).expand(bs, seq)
         c = self.config
         rope_dim = c.qk_rope_head_dim if c.attention == "mla" else c.hidden_size // c.num_attention_heads
-        cos, sin = rope_angles(rope_dim, position_ids, c.rope_theta)
+        cos, sin = rope_angles(rope_dim, position_ids, c.rope_theta, c.llama3_rope_scaling)
         h = self.tok_embeddings(input_ids)
         for layer in self.layers:
             h = layer(h, cos, sin, mask)

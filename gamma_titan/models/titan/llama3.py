@@ -10,7 +10,9 @@ attention, gated or not, answers the diagnostics' probe (`probe_qk`, `probe_gate
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -19,11 +21,13 @@ from torchtitan.models.llama3 import get_train_spec as titan_spec
 from torchtitan.models.llama3 import llama3_args
 from torchtitan.models.llama3.infra.parallelize import parallelize_llama
 from torchtitan.models.llama3.model.args import TransformerModelArgs
-from torchtitan.models.llama3.model.model import Attention, Transformer, apply_rotary_emb
+from torchtitan.models.llama3.model.model import Attention, FeedForward, Transformer, apply_rotary_emb
 from torchtitan.models.llama3.model.state_dict_adapter import Llama3StateDictAdapter
 from torchtitan.models.utils import trunc_normal_
 
+from gamma_titan.errors import ConfigError
 from gamma_titan.models.common.flavors import Flavors
+from gamma_titan.models.common.hf_layout import GAMMA_ARCHITECTURE, gamma_from_hf, gamma_to_hf
 from gamma_titan.models.common.sdpa import AttentionShape
 from gamma_titan.training.train_spec import with_our_components
 
@@ -51,6 +55,13 @@ class Llama3Args(TitanArgs, TransformerModelArgs):
 
     def attention_shapes(self) -> list[AttentionShape]:
         return [AttentionShape("mha", self.head_dim, self.head_dim, self.n_heads, self.kv_heads)]
+
+    def ffn_hidden_dim(self) -> int:
+        """The SwiGLU width TorchTitan's block builds from dim, multiple_of and ffn_dim_multiplier."""
+        with torch.device("meta"):
+            ffn = FeedForward(dim=self.dim, hidden_dim=4 * self.dim, multiple_of=self.multiple_of,
+                              ffn_dim_multiplier=self.ffn_dim_multiplier)
+        return ffn.w1.out_features
 
     def default_cosine_params(self) -> list[str]:
         return [f"layers.{layer}.{w}.weight" for layer in sorted({0, self.n_layers - 1})
@@ -124,17 +135,70 @@ def parallelize(model: nn.Module, parallel_dims, job_config):
     return parallelize_llama(model, parallel_dims, job_config)
 
 
-#: HF name of the gate projection (the project's own GammaForCausalLM uses the same).
+#: The gate projection under Llama's names, on the way between TorchTitan's and ours.
 GATE_HF = "model.layers.{}.self_attn.gate_proj.weight"
+_LAYER_KEY = re.compile(r"(\d+)")
 
 
 class Llama3Adapter(Llama3StateDictAdapter):
-    """TorchTitan's Llama 3 <-> Hugging Face mapping, with the gate's projection."""
+    """Hugging Face form: ungated, TorchTitan's own mapping to `LlamaForCausalLM` (ε and the
+    γ-init leave the architecture a Llama). Gated, the project's `GammaForCausalLM`
+    (convert/hf_package), which has the gate: TorchTitan's names (ours are the same) under
+    "model.", wq / wk permuted to its rotate-half RoPE as TorchTitan permutes them for
+    Llama, and Llama 3.1's RoPE scaling in config.json."""
+
+    HF_MODEL_TYPES = ()  # `convert from-hf` writes gamma_dense; training reads HF through TorchTitan
 
     def __init__(self, model_args: Llama3Args, hf_assets_path: str | None):
         super().__init__(model_args, hf_assets_path)
-        if model_args.attention_gate != "none":
+        self.gated = model_args.attention_gate != "none"
+        if self.gated:
             self.from_hf_map[GATE_HF] = "layers.{}.attention.gate_proj.weight"
+
+    def to_hf(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        hf = super().to_hf(state_dict)  # Llama names, q / k permuted
+        return gamma_to_hf(self._titan_names(hf)) if self.gated else hf
+
+    def from_hf(self, hf_state_dict: dict[str, Any]) -> dict[str, Any]:
+        if self.gated:
+            to_llama = {v: k for k, v in self.from_hf_map.items() if v is not None}
+            hf_state_dict = {_rename(k, to_llama): v for k, v in gamma_from_hf(hf_state_dict, "llama3").items()}
+        return super().from_hf(hf_state_dict)
+
+    def _titan_names(self, hf: dict[str, Any]) -> dict[str, Any]:
+        """Llama's names back to TorchTitan's, the values as they are."""
+        return {_rename(k, self.from_hf_map): v for k, v in hf.items()}
+
+    def hf_config(self) -> dict[str, Any]:
+        a = self.model_args
+        scaling = a.rope_scaling_args
+        llama3_rope = {"factor": scaling.scaling_factor, "low_freq_factor": scaling.low_freq_factor,
+                       "high_freq_factor": scaling.high_freq_factor,
+                       "original_max_position_embeddings": scaling.original_max_position_embeddings}
+        shape = {"vocab_size": a.vocab_size, "hidden_size": a.dim, "num_hidden_layers": a.n_layers,
+                 "num_attention_heads": a.n_heads, "num_key_value_heads": a.kv_heads,
+                 "intermediate_size": a.ffn_hidden_dim(), "rms_norm_eps": a.norm_eps,
+                 "max_position_embeddings": a.max_seq_len, "rope_theta": a.rope_theta, "tie_word_embeddings": False}
+        if self.gated:
+            return {**GAMMA_ARCHITECTURE, **shape, "attention_gate": a.attention_gate,
+                    "llama3_rope_scaling": llama3_rope}
+        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **shape, "head_dim": a.head_dim,
+                "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+                # transformers >= 5 reads rope_parameters; 4.x rope_scaling and rope_theta
+                "rope_parameters": {"rope_type": "llama3", "rope_theta": a.rope_theta, **llama3_rope},
+                "rope_scaling": {"rope_type": "llama3", **llama3_rope}}
+
+    @classmethod
+    def args_from_hf_config(cls, cfg: dict[str, Any]):
+        raise ConfigError("config.json: gamma_titan_model = 'llama3': to start a llama3 run from a Hugging Face "
+                          "folder, use TorchTitan's --checkpoint.initial_load_in_hf true "
+                          "--checkpoint.initial_load_path HF_DIR")
+
+
+def _rename(key: str, table: dict[str, str]) -> str:
+    abstract = _LAYER_KEY.sub("{}", key, count=1)
+    layer = _LAYER_KEY.search(key)
+    return table[abstract].format(layer.group(0)) if layer else table[key]
 
 
 def flavors() -> Flavors:
