@@ -20,8 +20,9 @@ EXEMPT = (PACKAGE / "models", PACKAGE / "convert" / "hf_package")
 
 
 #: Field names that are also everyday names outside any family: gamma_moe's `attention`
-#: (MHA or MLA) is also the attention module's name (`layers.0.attention.wo`) and a γ group.
-COMMON_WORDS = {"attention"}
+#: (MHA or MLA) is also the attention module's name (`layers.0.attention.wo`) and a γ group;
+#: llama3's `eos_id` is also every tokenizer's.
+COMMON_WORDS = {"attention", "eos_id"}
 
 
 def family_specific_names() -> set[str]:

@@ -206,3 +206,41 @@ def test_trained_llama3_converts_to_hf_with_the_same_logits(gate, hf_class, llam
         ours, theirs = model(tokens), hf(tokens).logits
     assert ours.abs().max() > 1e-3  # trained logits, not a zero model
     assert (ours - theirs).abs().max().item() <= 1e-4
+
+
+@pytest.mark.multiprocess
+def test_two_pipeline_stages_match_one_process(tmp_path, builtin_assets):
+    """llama3 with γ-init, ε and the gate on 2 gloo ranks as 2 pipeline stages (TorchTitan's
+    pipelining function) against one process: the same losses and gradient norms, within
+    the parallel tests' tolerance. Validation's loss comes from the last stage."""
+    from helpers import QUIET, read_metrics, run_trainer
+
+    common = (*QUIET, "--training.steps", "4", "--debug.deterministic", "true", "--gamma.diagnostics.enable",
+              "false")
+    runs = {}
+    for stages in (1, 2):
+        dump = tmp_path / f"pp{stages}"
+        extra = ("--parallelism.pipeline_parallel_degree", "2") if stages == 2 else ()
+        run_trainer(dump, *common, *extra, "--validation.enable", "true", "--validation.freq", "4",
+                    "--validation.steps", "2", nproc=stages, config=TITAN_CONFIGS["llama3"])
+        runs[stages] = read_metrics(dump)
+    for key in ("loss", "grad_norm"):
+        assert [r[key] for r in runs[2]] == pytest.approx([r[key] for r in runs[1]], rel=2e-5, abs=0), key
+    val = {n: [r["val_loss"] for r in runs[n] if "val_loss" in r] for n in runs}  # steps 1 and 4
+    assert len(val[2]) == 2 and val[2] == pytest.approx(val[1], rel=2e-5) and min(val[2]) > 5
+
+
+def test_context_parallel_on_a_cpu_is_refused_in_one_line(builtin_assets):
+    from gamma_titan.errors import ConfigError
+    from gamma_titan.training.preflight import preflight
+
+    config = load_job_config(["--job.config_file", str(TITAN_CONFIGS["llama3"]),
+                              "--parallelism.context_parallel_degree", "2"])
+    with pytest.raises(ConfigError) as err:
+        preflight(config, world_size=2)
+    assert str(err.value) == ("parallelism.context_parallel_degree = 2: context parallelism needs CUDA SDPA "
+                              "kernels (PyTorch has no CPU ring attention); use 1 on this machine")
+    config = load_job_config(["--job.config_file", str(TITAN_CONFIGS["llama3"]),
+                              "--parallelism.pipeline_parallel_degree", "2"])
+    with pytest.raises(ConfigError, match="gamma.diagnostics.enable = true needs parallelism.pipeline_parallel"):
+        preflight(config, world_size=2)

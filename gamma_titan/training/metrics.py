@@ -16,7 +16,13 @@ import time
 from typing import Any
 
 import torch
-from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsProcessor, TensorBoardLogger
+from torchtitan.components.metrics import (
+    BaseLogger,
+    LoggerContainer,
+    MetricsProcessor,
+    TensorBoardLogger,
+    _get_metrics_rank,
+)
 from torchtitan.tools.logging import logger
 
 from gamma_titan.diagnostics.live import cosine_image, diagnostics_due
@@ -64,7 +70,10 @@ class GammaMetricsProcessor(MetricsProcessor):
     def __init__(self, job_config, parallel_dims, tag: str | None = None):
         super().__init__(job_config, parallel_dims, tag)
         self.jsonl: JsonlLogger | None = None
-        if torch.distributed.get_rank() == 0:
+        # TorchTitan's choice: rank 0, or under pipeline parallelism the first rank of the
+        # last stage, which holds the loss (the other stages log a placeholder).
+        self.writes = torch.distributed.get_rank() == _get_metrics_rank(parallel_dims, job_config)
+        if self.writes:
             self.jsonl = JsonlLogger(os.path.join(job_config.job.dump_folder, METRICS_FILE))
         self._pending: tuple[int, dict[str, Any]] | None = None
         self._loggers = self.logger  # TensorBoard / W&B, as TorchTitan built them
@@ -102,7 +111,7 @@ class GammaMetricsProcessor(MetricsProcessor):
         for tb in self._tensorboards:
             for tag, similarity in maps.items():
                 tb.writer.add_image(tag, cosine_image(similarity), step, dataformats="HWC")
-        if torch.distributed.get_rank() == 0:
+        if self.writes:
             sinks = metrics.get("gamma/sink_score/mean")
             logger.info(
                 f"diagnostics step {step}: sink score {sinks if sinks is None else round(sinks, 4)}, "

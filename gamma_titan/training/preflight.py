@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 from gamma_titan.errors import ConfigError
 from gamma_titan.inspect_model import resolve_model
 from gamma_titan.models.common.parallelize import FLOAT8_LINEAR
@@ -43,6 +45,12 @@ def check_parallelism(config, world_size: int, args) -> None:
         # at position 0.
         raise ConfigError(f"parallelism.context_parallel_degree = {p.context_parallel_degree}: "
                           f"{config.model.name} supports 1 (no context parallelism)")
+    if p.context_parallel_degree > 1 and not torch.cuda.is_available():
+        # Measured with torch 2.13: DTensor has no sharding strategy for the CPU's SDPA
+        # kernels (aten._scaled_dot_product_flash_attention_for_cpu), so ring attention
+        # fails at the first forward. tools/gpu_check.sh runs context parallelism on GPUs.
+        raise ConfigError(f"parallelism.context_parallel_degree = {p.context_parallel_degree}: context parallelism "
+                          "needs CUDA SDPA kernels (PyTorch has no CPU ring attention); use 1 on this machine")
     ep = p.expert_parallel_degree
     if ep > 1 and args.expert_parallel_divisor() == 1:
         raise ConfigError(f"parallelism.expert_parallel_degree = {ep} applies to MoE models; "
@@ -159,6 +167,9 @@ def check_diagnostics(config, spec, args) -> None:
     d = config.gamma.diagnostics
     if not d.enable:
         return
+    if config.parallelism.pipeline_parallel_degree > 1:  # the probe runs the whole model on one rank
+        raise ConfigError("gamma.diagnostics.enable = true needs parallelism.pipeline_parallel_degree = 1 "
+                          "(the probe runs the whole model); set it false for pipeline-parallel runs")
     if is_shard_dataset(config.validation.dataset):  # cheap: reads probe_batch sequences
         probe_tokens(config, d.probe_batch, tokenizer=None)
     if d.cosine_params:

@@ -103,6 +103,13 @@ class GammaTrainer(Trainer):
             input_dict = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in input_dict.items()}
             losses.append(self.forward_backward_step(input_dict=input_dict, labels=labels.to(self.device),
                                                      global_valid_tokens=global_tokens).detach())
+        if dims.pp_enabled:
+            # TorchTitan's pipeline schedule back-propagates each microbatch's loss *sum*
+            # (scale_grads=False): divide by the global token count, so the gradient is the
+            # mean's, as without pipeline parallelism (and clipping sees the same norm).
+            scale = 1.0 / float(global_tokens)
+            for grad in (p.grad for m in self.model_parts for p in m.parameters() if p.grad is not None):
+                grad.mul_(scale)
         grad_norm = dist_utils.clip_grad_norm_(
             [p for m in self.model_parts for p in m.parameters()], self.job_config.training.max_norm,
             foreach=True, pp_mesh=dims.get_optional_mesh("pp"), ep_enabled=dims.ep_enabled)
@@ -119,8 +126,11 @@ class GammaTrainer(Trainer):
         """What every rank must agree on, in one collective and one host sync
         (reliability.step_verdict); a SIGTERM on any rank stops every rank after this step."""
         tp = self.parallel_dims.get_optional_mesh("tp")
-        verdict = step_verdict(loss, grad_norm, self.graceful_stop.requested,
-                               counts_loss=tp is None or tp.get_local_rank() == 0)
+        # One rank per loss: the first of its TP peers, on the last pipeline stage (the
+        # other stages hold TorchTitan's placeholder -1).
+        counts = (tp is None or tp.get_local_rank() == 0) and (not self.parallel_dims.pp_enabled
+                                                              or self.pp_has_last_stage)
+        verdict = step_verdict(loss, grad_norm, self.graceful_stop.requested, counts_loss=counts)
         if verdict.stop and not self.stopping:
             self.stopping = self.checkpointer.stopping = True
             if not self.job_config.checkpoint.enable:
