@@ -21,11 +21,17 @@ def test_dry_run_passes_every_check_and_never_overwrites(tmp_path, builtin_asset
     cmd = ["bash", str(REPO / "tools" / "gpu_check.sh"), "--dry-run", "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(("PASS", "FAIL"))]
-    assert [line.split()[1] for line in lines] == CHECKS and all(line.startswith("PASS ") for line in lines)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(("PASS", "FAIL", "SKIP"))]
+    assert [line.split()[1] for line in lines] == [*CHECKS, "titan_cp2"]
+    assert all(line.startswith("PASS ") for line in lines[:-1])
+    # context parallelism needs 2 GPUs (PyTorch has no CPU ring attention): skipped, not failed
+    assert lines[-1] == "SKIP  titan_cp2      needs 2 CUDA devices, a CPU here"
+    assert "6/6 passed (1 skipped)" in proc.stdout
 
     report = json.loads(out.read_text())
-    assert report["dry_run"] and report["passed"] and list(report["checks"]) == CHECKS
+    assert report["dry_run"] and report["passed"] and list(report["checks"]) == [*CHECKS, "titan_cp2"]
+    assert report["checks"]["titan_cp2"] == {"passed": None, "figure": "needs 2 CUDA devices, a CPU here",
+                                             "skipped": True}
     checks = report["checks"]
     assert set(checks["kernels"]["kernels"]) == {"dense/debug mha", "moe/debug mha", "moe/debug_mla mla"}
     assert checks["kernels"]["kernels"]["dense/debug mha"]["kernel"] == "flash_cpu"

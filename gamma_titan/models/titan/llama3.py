@@ -127,11 +127,15 @@ class Llama3(TitanKnobs, Transformer):
 def parallelize(model: nn.Module, parallel_dims, job_config):
     """TorchTitan's parallelize_llama; with TP, each gate projection is column-parallel
     first, its output local heads like the queries' (TorchTitan's plan leaves q, k, v
-    local tensors)."""
+    local tensors), in the float8 style TorchTitan's plan picks for them."""
     if parallel_dims.tp_enabled and model.model_args.attention_gate != "none":
+        style = ColwiseParallel
+        float8 = job_config.quantize.linear.float8
+        if "float8" in job_config.model.converters and float8.recipe_name not in ("rowwise", "rowwise_with_gw_hp"):
+            from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel as style
         tp_mesh = parallel_dims.get_mesh("tp")
         for block in model.layers.values():
-            parallelize_module(block, tp_mesh, {"attention.gate_proj": ColwiseParallel()})
+            parallelize_module(block, tp_mesh, {"attention.gate_proj": style()})
     return parallelize_llama(model, parallel_dims, job_config)
 
 
