@@ -159,29 +159,9 @@ def test_the_gate_equals_a_naive_reference_on_one_block(gate):
         torch.testing.assert_close(shut, attn(x, freqs, None), rtol=0, atol=1e-6)
 
 
-@pytest.fixture(scope="module")
-def llama3_runs(tmp_path_factory, builtin_assets):
-    """`llama3_runs(gate)`: the dump folder of a 4-step llama3 debug run with the paper's
-    γ and ε and this gate, checkpointed at step 4 (run once per gate, when first asked)."""
-    from helpers import QUIET, run_trainer
-
-    dumps = {}
-
-    def run(gate: str):
-        if gate not in dumps:
-            dump = tmp_path_factory.mktemp(f"llama3-{gate}") / "run"
-            run_trainer(dump, *QUIET, "--training.steps", "4", "--gamma.attention_gate", gate,
-                        "--checkpoint.enable", "true", "--checkpoint.interval", "4",
-                        config=TITAN_CONFIGS["llama3"])
-            dumps[gate] = dump
-        return dumps[gate]
-
-    return run
-
-
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("gate, hf_class", [("none", "LlamaForCausalLM"), ("elementwise", "GammaForCausalLM")])
-def test_trained_llama3_converts_to_hf_with_the_same_logits(gate, hf_class, llama3_runs, tmp_path):
+def test_trained_llama3_converts_to_hf_with_the_same_logits(gate, hf_class, llama3_run, tmp_path):
     """A trained checkpoint: without the gate TorchTitan's mapping to transformers' Llama
     (ε = 1e-12 in its config), with it our GammaForCausalLM (Llama 3.1 RoPE scaling
     included); transformers' logits equal the model's to 1e-4."""
@@ -191,7 +171,7 @@ def test_trained_llama3_converts_to_hf_with_the_same_logits(gate, hf_class, llam
     from gamma_titan.convert.model_record import read_model_record
     from gamma_titan.models import TRAIN_SPECS
 
-    step = llama3_runs(gate) / "checkpoint" / "step-4"
+    step = llama3_run("single" if gate == "elementwise" else "ungated") / "checkpoint" / "step-4"
     name, args, _ = read_model_record(step)
     assert name == "llama3" and args.attention_gate == gate and args.init.rate == 1.0
     model = TRAIN_SPECS["llama3"].model_cls(args)
@@ -209,40 +189,45 @@ def test_trained_llama3_converts_to_hf_with_the_same_logits(gate, hf_class, llam
 
 
 @pytest.fixture(scope="module")
-def llama3_layouts(tmp_path_factory, builtin_assets):
-    """`llama3_layouts(layout)`: the metrics of 4 deterministic steps of llama3 with γ-init,
-    ε and the gate, on one process ("single") or 2 gloo ranks ("pp2": two pipeline stages,
-    TorchTitan's pipelining function; "tp2": tensor parallel), validation at steps 1 and 4."""
-    from helpers import QUIET, read_metrics, run_trainer
+def llama3_run(tmp_path_factory, builtin_assets):
+    """`llama3_run(layout)`: the dump folder of 4 deterministic steps of llama3 debug with
+    γ-init, ε and the gate, validated at steps 1 and 4, on one process ("single", which also
+    checkpoints step 4), without the gate ("ungated", checkpointed too), or on 2 gloo ranks
+    ("pp2": two pipeline stages, TorchTitan's pipelining function; "tp2": tensor parallel).
+    Each runs once, when first asked for."""
+    from helpers import QUIET, run_trainer
 
-    layouts = {"single": (1, ()), "pp2": (2, ("--parallelism.pipeline_parallel_degree", "2",
-                                              "--gamma.diagnostics.enable", "false")),
+    checkpoint = ("--checkpoint.enable", "true", "--checkpoint.interval", "4")
+    layouts = {"single": (1, checkpoint), "ungated": (1, (*checkpoint, "--gamma.attention_gate", "none")),
+               "pp2": (2, ("--parallelism.pipeline_parallel_degree", "2", "--gamma.diagnostics.enable", "false")),
                "tp2": (2, ("--parallelism.tensor_parallel_degree", "2"))}
-    runs = {}
+    dumps = {}
 
     def run(layout: str):
-        if layout not in runs:
+        if layout not in dumps:
             nproc, extra = layouts[layout]
             dump = tmp_path_factory.mktemp(layout) / "run"
             run_trainer(dump, *QUIET, "--training.steps", "4", "--debug.deterministic", "true",
                         "--validation.enable", "true", "--validation.freq", "4", "--validation.steps", "2",
                         *extra, nproc=nproc, config=TITAN_CONFIGS["llama3"])
-            runs[layout] = read_metrics(dump)
-        return runs[layout]
+            dumps[layout] = dump
+        return dumps[layout]
 
     return run
 
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("layout", ["pp2", "tp2"])
-def test_two_ranks_match_one_process(layout, llama3_layouts):
+def test_two_ranks_match_one_process(layout, llama3_run):
     """Pipeline stages (the gradient rescaled to the loss mean, the loss from the last stage)
     and tensor parallelism (the gate column-parallel with the queries): the same losses,
     gradient norms and validation losses as one process, within the parallel tests'
     tolerance; under TP the diagnostics' sink score too."""
     # rtol 1e-4, as the parallel tests'; measured: losses equal to 1e-6, TP's gradient
     # norm (sums in another order) 2.8e-5 apart by step 4.
-    single, other = llama3_layouts("single"), llama3_layouts(layout)
+    from helpers import read_metrics
+
+    single, other = read_metrics(llama3_run("single")), read_metrics(llama3_run(layout))
     for key in ("loss", "grad_norm"):
         assert [r[key] for r in other] == pytest.approx([r[key] for r in single], rel=1e-4, abs=0), key
     val = {name: [r["val_loss"] for r in runs if "val_loss" in r] for name, runs in (("1", single), ("2", other))}

@@ -86,7 +86,8 @@ def register_reference(gamma_argv: list[str]) -> str:
     flags, and our data, tokenizer and metrics, so that only the model differs."""
     import dataclasses
 
-    from torchtitan.protocols.train_spec import get_train_spec, register_train_spec
+    from torchtitan.models.llama3 import get_train_spec as torchtitan_llama3_spec  # TorchTitan's own, not
+    from torchtitan.protocols.train_spec import register_train_spec  # the knob-aware one gamma_titan registers
 
     from gamma_titan.config import load_job_config
     from gamma_titan.inspect_model import resolve_model
@@ -98,7 +99,7 @@ def register_reference(gamma_argv: list[str]) -> str:
     _, args = resolve_model(load_job_config(gamma_argv))
     ours = TRAIN_SPECS["gamma_dense"]
     spec = dataclasses.replace(
-        get_train_spec("llama3"), model_args={"same_shape": llama3_args(args)},
+        torchtitan_llama3_spec(), model_args={"same_shape": llama3_args(args)},
         build_dataloader_fn=ours.build_dataloader_fn, build_tokenizer_fn=ours.build_tokenizer_fn,
         build_metrics_processor_fn=ours.build_metrics_processor_fn, build_validator_fn=ours.build_validator_fn,
     )
