@@ -29,6 +29,7 @@ from gamma_titan.errors import ConfigError
 from gamma_titan.models.common.flavors import Flavors
 from gamma_titan.models.common.hf_layout import GAMMA_ARCHITECTURE, gamma_from_hf, gamma_to_hf
 from gamma_titan.models.common.sdpa import AttentionShape
+from gamma_titan.models.common.shapes import HeadShape
 from gamma_titan.training.train_spec import with_our_components
 
 from .knobs import TitanArgs, TitanKnobs, apply_gate, gate_width
@@ -38,15 +39,7 @@ QKV_INIT_STD = 0.02
 
 
 @dataclass
-class Llama3Args(TitanArgs, TransformerModelArgs):
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
-
-    @property
-    def kv_heads(self) -> int:
-        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
-
+class Llama3Args(HeadShape, TitanArgs, TransformerModelArgs):
     def model_class(self) -> type[nn.Module]:
         return Llama3
 
