@@ -154,8 +154,10 @@ def inspect_model(spec, args, seq_len: int, measure: bool = True, probe_batch: i
             part.to_empty(device="meta")  # free it before the next one
 
     emb = model.tok_embeddings
+    tied = model.output.weight is emb.weight  # a tied head is the embedding: drawn and listed once
     rows += _param_rows(emb, materialise(emb, "tok_embeddings."), True)
     e = emb(tokens).float()
+    tied_head = emb.weight.detach().clone() if tied else None
     release(emb)
 
     block_inputs = model.block_inputs(tokens.shape[1], "cpu")
@@ -170,11 +172,11 @@ def inspect_model(spec, args, seq_len: int, measure: bool = True, probe_batch: i
         release(layer)
 
     residual_flow = ((h - e).norm() / e.norm()).item()
-    for name in ("norm", "output"):
+    for name in ("norm", *([] if tied else ["output"])):
         part = getattr(model, name)
         rows += _param_rows(part, materialise(part, f"{name}."), True)
     handles = probe.attach(model.norm, "norm.")
-    logits = model.output(model.norm(h))
+    logits = model.norm(h) @ tied_head.T if tied else model.output(model.norm(h))
     for handle in handles:
         handle.remove()
 

@@ -22,16 +22,19 @@ def test_dry_run_passes_every_check_and_never_overwrites(tmp_path, builtin_asset
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith(("PASS", "FAIL", "SKIP"))]
-    assert [line.split()[1] for line in lines] == [*CHECKS, "titan_cp2"]
-    assert all(line.startswith("PASS ") for line in lines[:-1])
-    # context parallelism needs 2 GPUs (PyTorch has no CPU ring attention): skipped, not failed
-    assert lines[-1] == "SKIP  titan_cp2      needs 2 CUDA devices, a CPU here"
-    assert "6/6 passed (1 skipped)" in proc.stdout
+    assert [line.split()[1] for line in lines] == [*CHECKS, "titan_cp2", "qwen3_tp2"]
+    assert all(line.startswith("PASS ") for line in lines[:-2])
+    # context parallelism and qwen3's TP need 2 GPUs (no DTensor rule for the CPU's SDPA
+    # kernels): skipped, not failed
+    assert lines[-2:] == ["SKIP  titan_cp2      needs 2 CUDA devices, a CPU here",
+                          "SKIP  qwen3_tp2      needs 2 CUDA devices, a CPU here"]
+    assert "6/6 passed (2 skipped)" in proc.stdout
 
     report = json.loads(out.read_text())
-    assert report["dry_run"] and report["passed"] and list(report["checks"]) == [*CHECKS, "titan_cp2"]
-    assert report["checks"]["titan_cp2"] == {"passed": None, "figure": "needs 2 CUDA devices, a CPU here",
-                                             "skipped": True}
+    assert report["dry_run"] and report["passed"] and list(report["checks"]) == [*CHECKS, "titan_cp2", "qwen3_tp2"]
+    for name in ("titan_cp2", "qwen3_tp2"):
+        assert report["checks"][name] == {"passed": None, "figure": "needs 2 CUDA devices, a CPU here",
+                                          "skipped": True}
     checks = report["checks"]
     assert set(checks["kernels"]["kernels"]) == {"dense/debug mha", "moe/debug mha", "moe/debug_mla mla"}
     assert checks["kernels"]["kernels"]["dense/debug mha"]["kernel"] == "flash_cpu"

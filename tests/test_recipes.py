@@ -327,3 +327,25 @@ def test_report_pivots_every_setting_and_reads_the_latest_attempt(tmp_path):
             a, b = losses[f"{model}_{arm}_g0.5"], losses[f"{model}_{arm}_g1"]
             assert f"| {model}, {arm} | {a:.4f} | {b:.4f} | {b - a:+.4f} |" in table
     assert "8 of 8 runs finished" in text and "99.0" not in text
+
+
+@pytest.mark.parametrize("model", ["llama3", "qwen3"])
+def test_a_recipe_can_name_torchtitans_models(model, builtin_assets, tmp_path, capsys):
+    """configs/titan/: the plan sizes TorchTitan's model by TorchTitan's own count and knows
+    its σ²(h) (γ-init set: d^-2γ; unset: TorchTitan's N(0, 1) embedding)."""
+    recipe = tmp_path / f"{model}_gate.toml"
+    recipe.write_text(f'[recipe]\ntitle = "{model} gate"\n[grid]\n"gamma.attention_gate" = ["none", "elementwise"]\n'
+                      '"gamma.init_rate" = ["None", 1.0]\n[scale.tiny]\ntokens = 2e5\nseeds = [0]\n'
+                      f'models = [{{ config = "configs/titan/{model}_debug.toml", flavor = "debugmodel" }}]\n')
+    assert run_recipe(str(recipe), "tiny", dry_run=True, out=str(tmp_path / "out")) == 0
+    runs = plan(load_recipe(str(recipe)), "tiny")
+    assert len(runs) == 4 and len({r.params for r in runs}) == 2  # the gate adds n_layers x (dim x heads·hd)
+    from gamma_titan.config import load_job_config
+    from gamma_titan.inspect_model import resolve_model
+
+    _, args = resolve_model(load_job_config(["--job.config_file", str(REPO / f"configs/titan/{model}_debug.toml")]))
+    gate_params = args.n_layers * args.dim * args.n_heads * args.head_dim
+    by_gate = {r.name.split("_")[0]: r.params for r in runs}  # runs are named gate<kind>_g<γ>_s<seed>
+    assert by_gate["gateelementwise"] - by_gate["gatenone"] == gate_params
+    assert sorted(r.hidden_var for r in runs) == [args.dim ** -2.0] * 2 + [1.0] * 2
+    assert "epochs" in capsys.readouterr().out

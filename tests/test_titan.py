@@ -1,77 +1,32 @@
-"""The paper's knobs on TorchTitan's own models (gamma_titan/models/titan): without [gamma]
-knobs TorchTitan's model and trainer give the same initial weights and losses bit for bit;
-with them, every weight follows the γ rule, every RMSNorm has the ε, and the gate computes
-what a naive reference computes."""
+"""The paper's knobs on TorchTitan's own models (gamma_titan/models/titan), without training:
+with them every weight follows the γ rule, every RMSNorm has the ε, and the gate computes
+what a naive reference computes; unset, TorchTitan's choices stay; what a CPU cannot run
+is refused in one line. The trainer runs are in test_titan_bitwise.py and test_titan_runs.py."""
 
-import json
 import math
-import re
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from helpers import REPO
+from titan_cases import TITAN_CONFIGS, titan_args, titan_own_model
 from gamma_titan.config import load_job_config
-from gamma_titan.inspect_model import inspect_model, resolve_model
-
-TITAN_CONFIGS = {"llama3": REPO / "configs" / "titan" / "llama3_debug.toml"}
-REFERENCE = REPO / "tests" / "scripts" / "titan_reference.py"
+from gamma_titan.inspect_model import inspect_model
 
 
-def without_gamma_knobs(config, tmp_path):
-    """The config with its [gamma] table (the three knobs) removed."""
-    text = re.sub(r"\[gamma\]\n(.*\n)*?\n", "", config.read_text(), count=1)
-    assert "init_rate" not in text and "attention_gate" not in text
-    path = tmp_path / config.name
-    path.write_text(text)
-    return path
-
-
-@pytest.mark.multiprocess
-@pytest.mark.parametrize("model", sorted(TITAN_CONFIGS))
-def test_without_gamma_knobs_the_model_is_torchtitans_bit_for_bit(model, tmp_path, builtin_assets):
-    """TorchTitan's Trainer with TorchTitan's own TrainSpec, against gamma_titan's trainer with
-    the spec it registers under the same name: the same data (TorchTitan's text loader on a
-    local file), tokenizer and config; equal initial weights and 5 losses, exactly."""
-    from gamma_titan.data.builtin_corpus import TRAIN_FILE, ensure_builtin_corpus
-    from gamma_titan.data.tokenizer import ensure_builtin_tokenizer
-
-    config = without_gamma_knobs(TITAN_CONFIGS[model], tmp_path)
-    common = ["--job.config_file", str(config), "--training.steps", "5", "--validation.enable", "false",
-              "--gamma.diagnostics.enable", "false", "--metrics.enable_tensorboard", "false",
-              "--training.dataset", "hf", "--training.dataset_path", str(ensure_builtin_corpus() / TRAIN_FILE),
-              "--model.hf_assets_path", str(ensure_builtin_tokenizer(2048))]
-    runs = {}
-    for which in ("titan", "gamma"):
-        out = tmp_path / f"{which}.pt"
-        proc = subprocess.run([sys.executable, str(REFERENCE), str(out), which, *common,
-                               "--job.dump_folder", str(tmp_path / which)],
-                              capture_output=True, text=True, cwd=tmp_path, timeout=600)
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-        runs[which] = torch.load(out)
-    titan, gamma = runs["titan"], runs["gamma"]
-    assert titan["model_class"] != gamma["model_class"]  # two classes, one model
-    assert sorted(titan["init"]) == sorted(gamma["init"])
-    for name, tensor in titan["init"].items():
-        assert torch.equal(tensor, gamma["init"][name]), name
-    assert len(titan["losses"]) == 5 and titan["losses"] == gamma["losses"]
-
-
-def titan_args(model: str, *overrides: str):
-    config = load_job_config(["--job.config_file", str(TITAN_CONFIGS[model]), *overrides])
-    return resolve_model(config)
-
-
-@pytest.mark.parametrize("model", sorted(TITAN_CONFIGS))
-def test_gamma_init_follows_the_rule_for_every_group(model, builtin_assets):
+@pytest.mark.parametrize("model, flavor", [("llama3", None), ("qwen3", None), ("qwen3", "debugmodel_moe"),
+                                           ("deepseek_v3", None)])
+def test_gamma_init_follows_the_rule_for_every_group(model, flavor, builtin_assets):
     """inspect's figures: every weight's std is d_in^(−γ) (the output head at its override),
-    its fan-in the dimension it contracts; every RMSNorm, the final one included, has ε."""
-    spec, args = titan_args(model, "--gamma.init_rate_overrides.output", "0.5")
+    its fan-in the dimension it contracts (each routed expert's, for the stacked experts);
+    every RMSNorm, the final one included, has ε."""
+    spec, args = titan_args(model, "--gamma.init_rate_overrides.output", "0.5",
+                            *(["--model.flavor", flavor] if flavor else []))
     report = inspect_model(spec, args, 64, probe_len=64)
     groups = {row["group"] for row in report["params"]}
-    assert groups == {"embedding", "attention", "gate", "ffn", "norm", "output"}
+    tied = getattr(args, "enable_weight_tying", False)  # qwen3's debug flavor: the head is the embedding
+    moe = ["router"] if any(".moe.router." in row["name"] for row in report["params"]) else []
+    assert bool(moe) == (args.expert_parallel_divisor() > 1)
+    assert groups == {"embedding", "attention", "gate", "ffn", "norm", *moe, *([] if tied else ["output"])}
     for row in report["params"]:
         if row["group"] == "norm":
             assert row["fan_in"] is None and row["mean"] == 1.0
@@ -85,7 +40,9 @@ def test_gamma_init_follows_the_rule_for_every_group(model, builtin_assets):
     with torch.device("meta"):
         model_ = spec.model_cls(args)
     norms = [m for m in model_.modules() if isinstance(m, torch.nn.RMSNorm)]
-    assert len(norms) == 2 * args.n_layers + 1 and all(m.eps == 1e-12 for m in norms)
+    # every one of TorchTitan's (qwen3's q/k norms, MLA's kv_norm, deepseek's eps-less final norm)
+    theirs = [m for m in titan_own_model(model, args).modules() if isinstance(m, torch.nn.RMSNorm)]
+    assert len(norms) == len(theirs) >= 2 * args.n_layers + 1 and all(m.eps == 1e-12 for m in norms)
 
 
 @pytest.mark.parametrize("model", sorted(TITAN_CONFIGS))
@@ -94,11 +51,16 @@ def test_unset_knobs_keep_torchtitans_choices(model):
     without init_rate the init is TorchTitan's (inspect shows no γ)."""
     spec, args = titan_args(model, "--gamma.init_rate", "None", "--gamma.attention_gate", "None",
                             "--gamma.norm_eps", "None")
-    assert args.init is None and args.attention_gate == "none" and args.norm_eps == 1e-5
+    flavor_eps = {"llama3": 1e-5, "qwen3": 1e-6, "deepseek_v3": 1e-5}[model]  # TorchTitan's flavors'
+    assert args.init is None and args.attention_gate == "none" and args.norm_eps == flavor_eps
     with torch.device("meta"):
         plain = spec.model_cls(args)
-    assert not any("gate_proj" in n for n, _ in plain.named_parameters())
-    assert {m.eps for m in plain.modules() if isinstance(m, torch.nn.RMSNorm)} == {1e-5}
+    theirs = titan_own_model(model, args)
+    assert {n: p.shape for n, p in plain.named_parameters()} == {n: p.shape for n, p in theirs.named_parameters()}
+    # TorchTitan's ε, deepseek's final norm without one (None: the dtype's machine epsilon)
+    eps = {m.eps for m in plain.modules() if isinstance(m, torch.nn.RMSNorm)}
+    assert eps == {m.eps for m in theirs.modules() if isinstance(m, torch.nn.RMSNorm)}
+    assert eps == ({flavor_eps, None} if model == "deepseek_v3" else {flavor_eps})
     report = inspect_model(spec, args, 64, probe_len=64, measure=False)
     assert report["init_rate"] is None and all(r["gamma"] is None for r in report["params"])
     _, gated = titan_args(model, "--gamma.init_rate", "None", "--gamma.norm_eps", "None",
@@ -109,21 +71,41 @@ def test_unset_knobs_keep_torchtitans_choices(model):
     assert len(shapes) == len(dict(plain.named_parameters())) + gated.n_layers
 
 
-def naive_gated_attention(attn, x: torch.Tensor, freqs_cis: torch.Tensor, gate: str) -> torch.Tensor:
-    """Causal multi-head attention written out: RoPE as complex rotation of channel pairs,
-    grouped KV heads repeated, softmax(q·k/√d) with a lower-triangular mask, then each head's
-    output times sigmoid(x W_g) (one per head or per channel), then W_o."""
+def rotate_llama3(t: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    """Llama's RoPE: channel pairs (2i, 2i+1) as complex numbers times e^{iθ} (freqs_cis)."""
+    seq = t.shape[1]
+    pairs = torch.view_as_complex(t.float().reshape(*t.shape[:-1], -1, 2))
+    return torch.view_as_real(pairs * rope[:seq].view(1, seq, 1, -1)).flatten(3)
+
+
+def rotate_qwen3(t: torch.Tensor, rope: torch.Tensor, base: float) -> torch.Tensor:
+    """Qwen's RoPE written out: channels i and i + hd/2 rotate by θ = pos / base^(2i/hd)
+    (the cache is only checked to hold cos θ, sin θ)."""
+    seq, hd = t.shape[1], t.shape[-1]
+    theta = torch.arange(seq).float()[:, None] / base ** (torch.arange(0, hd, 2).float() / hd)
+    cos, sin = theta.cos()[None, :, None], theta.sin()[None, :, None]
+    torch.testing.assert_close(rope[:seq, : hd // 2], theta.cos())
+    a, b = t[..., : hd // 2], t[..., hd // 2:]
+    return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+
+
+def rms_norm(t: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return t / torch.sqrt(t.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
+
+
+def naive_gated_attention(attn, x: torch.Tensor, rope: torch.Tensor, gate: str, rotate) -> torch.Tensor:
+    """Causal multi-head attention written out: q/k per-head RMSNorms where the model has
+    them (qwen3), RoPE by `rotate`, grouped KV heads repeated, softmax(q·k/√d) with a
+    lower-triangular mask, then each head's output times sigmoid(x W_g) (one per head or
+    per channel), then W_o."""
     bs, seq, _ = x.shape
     hd = attn.head_dim
     q = (x @ attn.wq.weight.T).view(bs, seq, -1, hd)
     k = (x @ attn.wk.weight.T).view(bs, seq, -1, hd)
     v = (x @ attn.wv.weight.T).view(bs, seq, -1, hd)
-
-    def rotate(t):
-        pairs = torch.view_as_complex(t.float().reshape(*t.shape[:-1], -1, 2))
-        return torch.view_as_real(pairs * freqs_cis[:seq].view(1, seq, 1, -1)).flatten(3)
-
-    q, k = rotate(q), rotate(k)
+    if getattr(attn, "q_norm", None) is not None:
+        q, k = rms_norm(q, attn.q_norm.weight, attn.q_norm.eps), rms_norm(k, attn.k_norm.weight, attn.k_norm.eps)
+    q, k = rotate(q, rope), rotate(k, rope)
     rep = q.shape[2] // k.shape[2]
     k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
     scores = torch.einsum("bihd,bjhd->bhij", q, k) / math.sqrt(hd)
@@ -134,109 +116,67 @@ def naive_gated_attention(attn, x: torch.Tensor, freqs_cis: torch.Tensor, gate: 
     return out.reshape(bs, seq, -1) @ attn.wo.weight.T
 
 
+def naive_gated_mla(attn, x: torch.Tensor, freqs_cis: torch.Tensor, gate: str) -> torch.Tensor:
+    """Multi-head latent attention written out: queries x W_q split into a plain and a
+    rotary part; keys and values from the latent kv_norm(x W_kva[:r]) W_kvb, plus one
+    rotary key x W_kva[r:] shared by every head; causal softmax(q·k/√d_qk); each head's
+    value-wide output times sigmoid(x W_g); then W_o."""
+    bs, seq, _ = x.shape
+    nope, rope, vd, r = attn.qk_nope_head_dim, attn.qk_rope_head_dim, attn.v_head_dim, attn.kv_lora_rank
+    q = (x @ attn.wq.weight.T).view(bs, seq, -1, nope + rope)
+    q = torch.cat([q[..., :nope], rotate_llama3(q[..., nope:], freqs_cis)], dim=-1)
+    kv_a = x @ attn.wkv_a.weight.T
+    k_rope = rotate_llama3(kv_a[..., r:].unsqueeze(2), freqs_cis)
+    kv = (rms_norm(kv_a[..., :r], attn.kv_norm.weight, attn.kv_norm.eps) @ attn.wkv_b.weight.T).view(bs, seq, -1,
+                                                                                                   nope + vd)
+    heads = kv.shape[2]
+    k = torch.cat([kv[..., :nope], k_rope.expand(-1, -1, heads, -1)], dim=-1)
+    v = kv[..., nope:]
+    scores = torch.einsum("bihd,bjhd->bhij", q, k) / math.sqrt(nope + rope)
+    scores = scores.masked_fill(~torch.ones(seq, seq, dtype=torch.bool).tril(), float("-inf"))
+    out = torch.einsum("bhij,bjhd->bihd", scores.softmax(dim=-1), v)
+    width = vd if gate == "elementwise" else 1
+    out = out * torch.sigmoid(x @ attn.gate_proj.weight.T).view(bs, seq, -1, width)
+    return out.reshape(bs, seq, -1) @ attn.wo.weight.T
+
+
+@pytest.mark.parametrize("model", sorted(TITAN_CONFIGS))
 @pytest.mark.parametrize("gate", ["headwise", "elementwise"])
-def test_the_gate_equals_a_naive_reference_on_one_block(gate):
-    """One block's attention of the llama3 debug model (16 heads, GQA off) with random
-    weights: the gated forward against the reference above, and each head scaled exactly
-    by its gate (a gate forced shut zeroes its head)."""
-    spec, args = titan_args("llama3", "--gamma.attention_gate", gate)
+def test_the_gate_equals_a_naive_reference_on_one_block(model, gate):
+    """One block's attention of each debug model (llama3: 16 heads of 16; qwen3: 16 query
+    heads of 128 over 8 KV heads, q/k norms; deepseek_v3: MLA, 16 heads, q/k 128 + 64
+    rotary, values 128) with random weights: the gated forward against the references
+    above, and each head scaled exactly by its gate (a gate forced shut zeroes its head)."""
+    spec, args = titan_args(model, "--gamma.attention_gate", gate)
     torch.manual_seed(0)
-    model = spec.model_cls(args)
-    attn = model.layers["0"].attention
+    net = spec.model_cls(args)
+    attn = net.layers["0"].attention
     for p in attn.parameters():
-        torch.nn.init.normal_(p, std=0.08)
+        torch.nn.init.normal_(p, mean=1.0 if p.ndim == 1 else 0.0, std=0.08)  # norm scales near 1
     x = torch.randn(2, 24, args.dim)
-    freqs = model.freqs_cis
-    got = attn(x, freqs, None)
-    torch.testing.assert_close(got, naive_gated_attention(attn, x, freqs, gate), rtol=1e-5, atol=1e-5)
+    net.init_rope("cpu")
+    rope = getattr(net, net.ROPE)
+    got = attn(x, rope, None)
+    if model == "deepseek_v3":
+        reference = naive_gated_mla(attn, x, rope, gate)
+    else:
+        rotate = rotate_llama3 if model == "llama3" else (lambda t, r: rotate_qwen3(t, r, args.rope_theta))
+        reference = naive_gated_attention(attn, x, rope, gate, rotate)
+    torch.testing.assert_close(got, reference, rtol=1e-5, atol=1e-5)
+    hd = args.head_dim  # a head's output width (MLA: v_head_dim)
     with torch.no_grad():  # close head 3's gate: its channels stop reaching wo
-        width = args.dim // args.n_heads if gate == "elementwise" else 1
+        width = hd if gate == "elementwise" else 1
         attn.gate_proj.weight[3 * width:(3 + 1) * width] = 0
         attn.gate_proj.weight[3 * width:(3 + 1) * width, 0] = -1e4
         x[..., 0] = 1.0
-        shut = attn(x, freqs, None)
-        attn.wo.weight[:, 3 * (args.dim // args.n_heads):4 * (args.dim // args.n_heads)] = 0
-        torch.testing.assert_close(shut, attn(x, freqs, None), rtol=0, atol=1e-6)
-
-
-@pytest.mark.multiprocess
-@pytest.mark.parametrize("gate, hf_class", [("none", "LlamaForCausalLM"), ("elementwise", "GammaForCausalLM")])
-def test_trained_llama3_converts_to_hf_with_the_same_logits(gate, hf_class, llama3_run, tmp_path):
-    """A trained checkpoint: without the gate TorchTitan's mapping to transformers' Llama
-    (ε = 1e-12 in its config), with it our GammaForCausalLM (Llama 3.1 RoPE scaling
-    included); transformers' logits equal the model's to 1e-4."""
-    transformers = pytest.importorskip("transformers")
-    from gamma_titan.convert.dcp_io import load_model_state
-    from gamma_titan.convert.hf import to_hf
-    from gamma_titan.convert.model_record import read_model_record
-    from gamma_titan.models import TRAIN_SPECS
-
-    step = llama3_run("single" if gate == "elementwise" else "ungated") / "checkpoint" / "step-4"
-    name, args, _ = read_model_record(step)
-    assert name == "llama3" and args.attention_gate == gate and args.init.rate == 1.0
-    model = TRAIN_SPECS["llama3"].model_cls(args)
-    model.load_state_dict(load_model_state(step))
-    folder = to_hf(step, tmp_path / "hf", progress=False)
-    config = json.loads((folder / "config.json").read_text())
-    assert config["architectures"] == [hf_class] and config["rms_norm_eps"] == 1e-12
-    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, trust_remote_code=True)
-    assert type(hf).__name__ == hf_class
-    tokens = torch.randint(0, args.vocab_size, (2, 96), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        ours, theirs = model(tokens), hf(tokens).logits
-    assert ours.abs().max() > 1e-3  # trained logits, not a zero model
-    assert (ours - theirs).abs().max().item() <= 1e-4
-
-
-@pytest.fixture(scope="module")
-def llama3_run(tmp_path_factory, builtin_assets):
-    """`llama3_run(layout)`: the dump folder of 4 deterministic steps of llama3 debug with
-    γ-init, ε and the gate, validated at steps 1 and 4, on one process ("single", which also
-    checkpoints step 4), without the gate ("ungated", checkpointed too), or on 2 gloo ranks
-    ("pp2": two pipeline stages, TorchTitan's pipelining function; "tp2": tensor parallel).
-    Each runs once, when first asked for."""
-    from helpers import QUIET, run_trainer
-
-    checkpoint = ("--checkpoint.enable", "true", "--checkpoint.interval", "4")
-    layouts = {"single": (1, checkpoint), "ungated": (1, (*checkpoint, "--gamma.attention_gate", "none")),
-               "pp2": (2, ("--parallelism.pipeline_parallel_degree", "2", "--gamma.diagnostics.enable", "false")),
-               "tp2": (2, ("--parallelism.tensor_parallel_degree", "2"))}
-    dumps = {}
-
-    def run(layout: str):
-        if layout not in dumps:
-            nproc, extra = layouts[layout]
-            dump = tmp_path_factory.mktemp(layout) / "run"
-            run_trainer(dump, *QUIET, "--training.steps", "4", "--debug.deterministic", "true",
-                        "--validation.enable", "true", "--validation.freq", "4", "--validation.steps", "2",
-                        *extra, nproc=nproc, config=TITAN_CONFIGS["llama3"])
-            dumps[layout] = dump
-        return dumps[layout]
-
-    return run
-
-
-@pytest.mark.multiprocess
-@pytest.mark.parametrize("layout", ["pp2", "tp2"])
-def test_two_ranks_match_one_process(layout, llama3_run):
-    """Pipeline stages (the gradient rescaled to the loss mean, the loss from the last stage)
-    and tensor parallelism (the gate column-parallel with the queries): the same losses,
-    gradient norms and validation losses as one process, within the parallel tests'
-    tolerance; under TP the diagnostics' sink score too."""
-    # rtol 1e-4, as the parallel tests'; measured: losses equal to 1e-6, TP's gradient
-    # norm (sums in another order) 2.8e-5 apart by step 4.
-    from helpers import read_metrics
-
-    single, other = read_metrics(llama3_run("single")), read_metrics(llama3_run(layout))
-    for key in ("loss", "grad_norm"):
-        assert [r[key] for r in other] == pytest.approx([r[key] for r in single], rel=1e-4, abs=0), key
-    val = {name: [r["val_loss"] for r in runs if "val_loss" in r] for name, runs in (("1", single), ("2", other))}
-    assert len(val["2"]) == 2 and val["2"] == pytest.approx(val["1"], rel=1e-4) and min(val["2"]) > 5
-    if layout == "tp2":
-        assert other[0]["gamma/sink_score/mean"] == pytest.approx(single[0]["gamma/sink_score/mean"], rel=1e-4)
+        shut = attn(x, rope, None)
+        attn.wo.weight[:, 3 * hd:4 * hd] = 0
+        torch.testing.assert_close(shut, attn(x, rope, None), rtol=0, atol=1e-6)
 
 
 def test_context_parallel_on_a_cpu_is_refused_in_one_line(builtin_assets):
+    """llama3: PyTorch has no CPU ring attention (tools/gpu_check.sh runs CP on GPUs), and
+    the diagnostics need every layer on one rank, which pipeline stages do not give."""
     from gamma_titan.errors import ConfigError
     from gamma_titan.training.preflight import preflight
 
@@ -250,3 +190,89 @@ def test_context_parallel_on_a_cpu_is_refused_in_one_line(builtin_assets):
                               "--parallelism.pipeline_parallel_degree", "2"])
     with pytest.raises(ConfigError, match="gamma.diagnostics.enable = true needs parallelism.pipeline_parallel"):
         preflight(config, world_size=2)
+
+
+def test_what_cannot_run_on_a_cpu_is_refused_in_one_line(builtin_assets):
+    """qwen3: its TP plan hands SDPA sharded DTensors (no CPU kernel rule), and TorchTitan
+    gives it no pipelining function; both refused before any process group starts."""
+    from gamma_titan.errors import ConfigError
+    from gamma_titan.training.preflight import preflight
+
+    def refusal(*overrides: str) -> str:
+        config = load_job_config(["--job.config_file", str(TITAN_CONFIGS["qwen3"]), *overrides])
+        with pytest.raises(ConfigError) as err:
+            preflight(config, world_size=2)
+        return str(err.value)
+
+    assert refusal("--parallelism.tensor_parallel_degree", "2") == (
+        "parallelism.tensor_parallel_degree = 2: qwen3's tensor parallelism shards SDPA's inputs, which needs "
+        "CUDA SDPA kernels; use 1 on this machine")
+    assert refusal("--parallelism.pipeline_parallel_degree", "2", "--gamma.diagnostics.enable", "false") == (
+        "parallelism.pipeline_parallel_degree = 2: qwen3 supports 1 (no pipeline parallelism)")
+
+
+def small_qwen3_moe(gate: str):
+    """qwen3's debugmodel_moe (its routing: softmax top-k, normed, scores after the experts)
+    at a size a test can run in a second: 2 layers, width 64, 8 experts, 2 per token."""
+    import dataclasses
+
+    spec, args = titan_args("qwen3", "--model.flavor", "debugmodel_moe", "--gamma.attention_gate", gate)
+    args = dataclasses.replace(args, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, vocab_size=256,
+                               moe_inter_dim=48, max_seq_len=64,
+                               moe_args=dataclasses.replace(args.moe_args, num_experts=8, top_k=2))
+    with torch.device("meta"):
+        net = spec.model_cls(args)
+    net.to_empty(device="cpu")
+    with torch.no_grad():
+        net.init_weights(buffer_device=torch.device("cpu"))
+        for name, p in net.named_parameters():
+            if p.ndim == 1:  # norm scales away from 1, so a misplaced norm shows
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))))
+    return args, net
+
+
+@pytest.mark.parametrize("gate, hf_class", [("none", "Qwen3MoeForCausalLM"), ("elementwise", "GammaForCausalLM")])
+def test_qwen3_moe_runs_on_a_cpu_as_transformers_computes_it(gate, hf_class, tmp_path):
+    """TorchTitan's MoE cannot count its routed tokens on a CPU (torch.histc of int64);
+    ours counts them by scatter-add and runs the experts' fp32 loop. Against transformers'
+    own Qwen3Moe (ungated) and GammaForCausalLM (gated): logits to 1e-4. The load counters
+    see every routed (token, slot) pair."""
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import save_file
+    from gamma_titan.convert.hf_folder import write_hf_files
+    from gamma_titan.models.common.moe import moe_load_metrics
+
+    from gamma_titan.models import TRAIN_SPECS
+
+    args, net = small_qwen3_moe(gate)
+    adapter = TRAIN_SPECS["qwen3"].state_dict_adapter(args, None)
+    save_file({k: v.contiguous() for k, v in adapter.to_hf(net.state_dict()).items()}, str(tmp_path / "model.safetensors"))
+    write_hf_files(tmp_path, "qwen3", adapter, None, torch.float32)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32, trust_remote_code=True)
+    assert type(hf).__name__ == hf_class
+    tokens = torch.randint(0, args.vocab_size, (2, 48), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours, theirs = net(tokens), hf(tokens).logits
+    assert ours.abs().max() > 1e-3 and (ours - theirs).abs().max().item() <= 1e-4
+    counts = [int(r.load.sum()) for r in net.modules() if hasattr(r, "load")]
+    assert counts == [tokens.numel() * args.moe_args.top_k] * args.n_layers
+    load = moe_load_metrics([net])
+    assert sorted(k for k in load if "layer_" in k) == sorted(f"moe/load_{w}_over_mean/layer_{i}" for i in (0, 1)
+                                                              for w in ("max", "min"))
+    assert all(1 <= load[f"moe/load_max_over_mean/layer_{i}"] <= 8 for i in (0, 1))
+    assert all(int(r.load.sum()) == 0 for r in net.modules() if hasattr(r, "load"))  # read and reset
+
+
+def test_a_model_without_a_hugging_face_form_is_refused_before_training(builtin_assets, tmp_path):
+    """deepseek_v3 (no HF export yet): checkpoint.last_save_in_hf in pre-flight, not after
+    the last step; `convert to-hf` before it reads or writes anything."""
+    from gamma_titan.errors import ConfigError
+    from gamma_titan.training.preflight import preflight
+
+    config = load_job_config(["--job.config_file", str(TITAN_CONFIGS["deepseek_v3"]), "--checkpoint.enable", "true",
+                              "--checkpoint.last_save_in_hf", "true", "--checkpoint.last_save_model_only", "true"])
+    with pytest.raises(ConfigError, match=r"^deepseek_v3 has no Hugging Face form here yet \(convert to-hf, "
+                                          r"checkpoint.last_save_in_hf\)"):
+        preflight(config, world_size=1)
+    preflight(load_job_config(["--job.config_file", str(TITAN_CONFIGS["deepseek_v3"]), "--checkpoint.enable", "true"]),
+              world_size=1)  # DCP checkpoints are fine

@@ -24,6 +24,8 @@ each check's log next to it in `<out>_logs/`):
                 parallel 2 against 1: the losses must agree. PyTorch has no CPU ring
                 attention, so this is where context parallelism is tested; it needs 2 GPUs
                 and is skipped (SKIP, not a failure) with fewer.
+  qwen3_tp2     TorchTitan's qwen3 with the knobs, tensor parallel 2 against 1 (its TP plan
+                hands SDPA sharded DTensors, which CPU kernels cannot take); 2 GPUs, as above.
 
 On one GPU the configs' pinned global batch would be all gradient accumulation, so the
 training checks train `local_batch_size` sequences per step. Each training check's
@@ -67,7 +69,7 @@ class Setup:
         ("configs/moe/3B-A0.5B.toml", "3B-A0.5B-mla"), ("configs/moe/16B-A2.4B.toml", None)])
     timeouts: dict[str, int] = field(default_factory=lambda: {
         "inspect": 25, "dense_bf16": 120, "moe_mla_bf16": 120, "dense_float8": 110, "sigterm_drill": 90,
-        "titan_cp2": 120})
+        "titan_cp2": 120, "qwen3_tp2": 180})
     #: Step 1's loss against `first_step_loss`, relative. The formula's own error is the
     #: sampling noise of one batch's label logits, ~σ/sqrt(tokens) absolute: at most 1.1e-3
     #: measured over 15 debug-shape batches (d 256, 256 to 2048 tokens; the init models'
@@ -261,29 +263,38 @@ def sigterm_drill(setup: Setup) -> Check:
     return Check("sigterm_drill", passed, figure, details)
 
 
-def context_parallel_check(setup: Setup) -> Check:
-    """llama3 debug (configs/titan/, the knobs on) for `setup.steps` steps at context
-    parallel 2 on 2 GPUs against 1 GPU: the same global batch, so the same losses up to the
-    order of the ring attention's sums (fp32: relative 1e-4)."""
+#: Checks on 2 GPUs of TorchTitan's models with γ-init, ε and the gate (configs/titan/):
+#: name -> (config, the [parallelism] degree split 2 ways). PyTorch's CPU SDPA kernels have
+#: no DTensor sharding rule, so these layouts cannot run on a CPU.
+TWO_GPU_CHECKS = {
+    "titan_cp2": ("configs/titan/llama3_debug.toml", "context_parallel_degree"),
+    "qwen3_tp2": ("configs/titan/qwen3_debug.toml", "tensor_parallel_degree"),
+}
+
+
+def two_gpu_check(setup: Setup, name: str) -> Check:
+    """A debug model for `setup.steps` steps with one parallelism degree at 2 on 2 GPUs
+    against 1 GPU: the same global batch, so the same losses up to the order of the sums
+    (fp32: relative 1e-4)."""
     import torch
 
     if setup.dry_run or torch.cuda.device_count() < 2:
         found = "a CPU" if setup.dry_run else f"{torch.cuda.device_count()} GPU"
-        return Check("titan_cp2", None, f"needs 2 CUDA devices, {found} here", {"skipped": True})
-    config = "configs/titan/llama3_debug.toml"
+        return Check(name, None, f"needs 2 CUDA devices, {found} here", {"skipped": True})
+    config, degree = TWO_GPU_CHECKS[name]
     runs = {}
-    for cp in (1, 2):
-        dump = setup.dumps / f"titan_cp{cp}"
-        argv = train_argv(setup, config, dump, setup.steps, "--parallelism.context_parallel_degree", str(cp),
+    for n in (1, 2):
+        dump = setup.dumps / f"{name}_{n}"
+        argv = train_argv(setup, config, dump, setup.steps, f"--parallelism.{degree}", str(n),
                           "--gamma.diagnostics.enable", "false")
-        argv[argv.index("--nproc") + 1] = str(cp)
-        code, log = run_logged(argv, setup.logs / f"titan_cp{cp}.log", setup.timeouts["titan_cp2"])
-        runs[cp] = [r["loss"] for r in metrics(dump)]
-        if code != 0 or len(runs[cp]) != setup.steps:
+        argv[argv.index("--nproc") + 1] = str(n)
+        code, log = run_logged(argv, setup.logs / f"{name}_{n}.log", setup.timeouts[name])
+        runs[n] = [r["loss"] for r in metrics(dump)]
+        if code != 0 or len(runs[n]) != setup.steps:
             tail = " | ".join(log.strip().splitlines()[-3:])[-300:]
-            return Check("titan_cp2", False, f"context parallel {cp}: exit {code}: {tail}", {"losses": runs})
+            return Check(name, False, f"{degree} {n}: exit {code}: {tail}", {"losses": runs})
     diff = max(abs(a - b) / abs(b) for a, b in zip(runs[2], runs[1]))
-    return Check("titan_cp2", diff <= 1e-4, f"losses within {diff:.1e} of one GPU's (allowed 1e-04)",
+    return Check(name, diff <= 1e-4, f"losses within {diff:.1e} of one GPU's (allowed 1e-04)",
                  {"losses": runs, "loss_rel_diff": diff})
 
 
@@ -329,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
                                          "quantize.linear.float8", "--quantize.linear.float8.recipe_name",
                                          "tensorwise"), dense_bf16, setup.float8_loss_rtol))
     record(sigterm_drill(setup))
-    record(context_parallel_check(setup))
+    record(*(two_gpu_check(setup, name) for name in TWO_GPU_CHECKS))
     failed = [c.name for c in checks if c.passed is False]
     report = {"device": device, "dry_run": ns.dry_run, "seconds": round(time.monotonic() - started, 1),
               "passed": not failed, "checks": {c.name: {"passed": c.passed, "figure": c.figure, **c.details}

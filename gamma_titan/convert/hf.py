@@ -69,6 +69,7 @@ def to_hf(checkpoint: str | Path, out: str | Path, *, dtype: str = "fp32", overw
                           "point at a checkpoint/step-N folder")
     name, args, record = read_model_record(checkpoint)
     adapter = family_adapter(name)(args, None)
+    adapter.hf_config()  # a model with no HF form is refused before anything is read or written
     tokenizer_dir = Path(tokenizer or record.get("tokenizer") or "")
     if not (tokenizer_dir / "tokenizer.json").is_file():
         raise ConfigError(f"--tokenizer: {tokenizer_dir} has no tokenizer.json (model.json names the run's "

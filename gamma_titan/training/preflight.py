@@ -51,6 +51,12 @@ def check_parallelism(config, world_size: int, args) -> None:
         # fails at the first forward. tools/gpu_check.sh runs context parallelism on GPUs.
         raise ConfigError(f"parallelism.context_parallel_degree = {p.context_parallel_degree}: context parallelism "
                           "needs CUDA SDPA kernels (PyTorch has no CPU ring attention); use 1 on this machine")
+    if p.tensor_parallel_degree > 1 and args.tensor_parallel_shards_sdpa() and not torch.cuda.is_available():
+        # Measured with torch 2.13 (TorchTitan's qwen3, TP 2, gloo): the first forward raises
+        # "aten._scaled_dot_product_flash_attention_for_cpu does not have a sharding strategy".
+        raise ConfigError(f"parallelism.tensor_parallel_degree = {p.tensor_parallel_degree}: {config.model.name}'s "
+                          "tensor parallelism shards SDPA's inputs, which needs CUDA SDPA kernels; use 1 on this "
+                          "machine")
     ep = p.expert_parallel_degree
     if ep > 1 and args.expert_parallel_divisor() == 1:
         raise ConfigError(f"parallelism.expert_parallel_degree = {ep} applies to MoE models; "
@@ -248,4 +254,6 @@ def preflight(config, world_size: int | None = None, local_world_size: int | Non
     check_data(config, args, world_size)
     check_diagnostics(config, spec, args)
     check_resume(config, args)
+    if config.checkpoint.enable and config.checkpoint.last_save_in_hf:
+        spec.state_dict_adapter(args, None).hf_config()  # a model HF form cannot hold: refused now, not at the end
     return spec, args

@@ -7,6 +7,7 @@ gamma_titan's trainer with the spec gamma_titan registers under that name (`gamm
 OUT.pt holds {"init": {name: full tensor}, "losses": [float per step]}.
 """
 
+import contextlib
 import importlib
 import sys
 
@@ -16,6 +17,7 @@ from torch.distributed.tensor import DTensor
 import gamma_titan  # noqa: F401  (the CPU fallback, before TorchTitan's trainer is imported)
 from gamma_titan.config import load_job_config
 from gamma_titan.init import canonical_name
+from gamma_titan.models.titan.moe import IntegerHistcByScatter
 from gamma_titan.training.main import single_process_env
 from gamma_titan.training.preflight import preflight
 
@@ -49,7 +51,11 @@ def main(out: str, which: str, argv: list[str]) -> None:
     for name, param in trainer.model_parts[0].named_parameters():
         tensor = param.full_tensor() if isinstance(param, DTensor) else param
         init[canonical_name(name)] = tensor.detach().clone()
-    trainer.train()
+    # TorchTitan's MoE counts routed tokens with torch.histc of int64, which CPUs lack: its
+    # own model trains here with those counts taken by scatter-add (the same integers)
+    on_cpu = which == "titan" and not torch.cuda.is_available()
+    with IntegerHistcByScatter() if on_cpu else contextlib.nullcontext():
+        trainer.train()
     torch.save({"init": init, "losses": trainer.losses, "model_class": type(trainer.model_parts[0]).__name__}, out)
     trainer.close()
     if torch.distributed.is_initialized():

@@ -9,12 +9,15 @@ class GammaConfig(PretrainedConfig):
     def __init__(self, vocab_size=4096, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
                  num_key_value_heads=None, intermediate_size=704, rms_norm_eps=1e-12, rope_theta=10000.0,
                  max_position_embeddings=4096, attention_gate="elementwise",
+                 # head_dim None: hidden_size / heads; qk_norm: an RMSNorm on each head's query and key
+                 head_dim=None, qk_norm=False,
                  # attention = "mla": multi-head latent attention with these widths
                  attention="mha", q_lora_rank=0, kv_lora_rank=0, qk_nope_head_dim=0, qk_rope_head_dim=0,
                  v_head_dim=0,
                  # n_routed_experts > 0: layers from n_dense_layers on are mixtures of experts
                  n_routed_experts=0, n_shared_experts=0, num_experts_per_tok=1, moe_intermediate_size=0,
                  n_dense_layers=0, score_func="sigmoid", route_norm=True, route_scale=1.0, expert_bias=False,
+                 score_before_experts=True,
                  # Llama 3.1 RoPE scaling: {factor, low_freq_factor, high_freq_factor,
                  # original_max_position_embeddings}; None: plain RoPE
                  llama3_rope_scaling=None, **kwargs):
@@ -28,6 +31,8 @@ class GammaConfig(PretrainedConfig):
         self.rope_theta = rope_theta
         self.max_position_embeddings = max_position_embeddings
         self.attention_gate = attention_gate  # "none" | "headwise" | "elementwise"
+        self.head_dim = head_dim or hidden_size // num_attention_heads
+        self.qk_norm = qk_norm
         self.attention = attention
         self.q_lora_rank, self.kv_lora_rank = q_lora_rank, kv_lora_rank
         self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim = qk_nope_head_dim, qk_rope_head_dim, v_head_dim
@@ -35,6 +40,7 @@ class GammaConfig(PretrainedConfig):
         self.num_experts_per_tok, self.moe_intermediate_size = num_experts_per_tok, moe_intermediate_size
         self.n_dense_layers, self.score_func = n_dense_layers, score_func
         self.route_norm, self.route_scale, self.expert_bias = route_norm, route_scale, expert_bias
+        self.score_before_experts = score_before_experts  # weight each expert's input (else its output)
         self.llama3_rope_scaling = llama3_rope_scaling
         kwargs.setdefault("tie_word_embeddings", False)
         super().__init__(**kwargs)

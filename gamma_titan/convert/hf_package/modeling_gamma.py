@@ -85,16 +85,22 @@ class GammaAttention(GatedHeads):
     def __init__(self, config):
         super().__init__()
         d, heads, kv = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
-        self.head_dim = d // heads
+        self.head_dim = config.head_dim
         self.wq = nn.Linear(d, heads * self.head_dim, bias=False)
         self.wk = nn.Linear(d, kv * self.head_dim, bias=False)
         self.wv = nn.Linear(d, kv * self.head_dim, bias=False)
+        if config.qk_norm:  # Qwen 3: each head's query and key RMS-normed before RoPE
+            self.q_norm = nn.RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+            self.k_norm = nn.RMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self._init_output(config, self.head_dim)
 
     def forward(self, x, cos, sin, mask):
         bs, seq, _ = x.shape
-        q = apply_rope(self.wq(x).view(bs, seq, -1, self.head_dim), cos, sin)
-        k = apply_rope(self.wk(x).view(bs, seq, -1, self.head_dim), cos, sin)
+        q = self.wq(x).view(bs, seq, -1, self.head_dim)
+        k = self.wk(x).view(bs, seq, -1, self.head_dim)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         v = self.wv(x).view(bs, seq, -1, self.head_dim)
         return self._attend(x, q, k, v, mask)
 
@@ -188,8 +194,10 @@ class GammaMoE(nn.Module):
         for e in range(c.n_routed_experts):
             token, slot = (chosen == e).nonzero(as_tuple=True)
             if token.numel():
-                inp = (x[token].float() * weights[token, slot, None]).to(x.dtype)  # score before the expert
-                out.index_add_(0, token, (F.silu(inp @ w1[e].T) * (inp @ w3[e].T)) @ w2[e].T)
+                weight = weights[token, slot, None]
+                inp = (x[token].float() * weight).to(x.dtype) if c.score_before_experts else x[token]
+                y = (F.silu(inp @ w1[e].T) * (inp @ w3[e].T)) @ w2[e].T
+                out.index_add_(0, token, y if c.score_before_experts else (y.float() * weight).to(x.dtype))
         if hasattr(self, "shared_experts"):
             out = out + self.shared_experts(x)
         return out.reshape(shape)
@@ -241,7 +249,7 @@ class GammaModel(GammaPreTrainedModel):
         if position_ids is None:
             position_ids = torch.arange(seq, device=input_ids.device).expand(bs, seq)
         c = self.config
-        rope_dim = c.qk_rope_head_dim if c.attention == "mla" else c.hidden_size // c.num_attention_heads
+        rope_dim = c.qk_rope_head_dim if c.attention == "mla" else c.head_dim
         cos, sin = rope_angles(rope_dim, position_ids, c.rope_theta, c.llama3_rope_scaling)
         h = self.tok_embeddings(input_ids)
         for layer in self.layers:

@@ -85,6 +85,11 @@ class GammaArgs(BaseModelArgs):
     def supports_context_parallel(self) -> bool:
         return False
 
+    def tensor_parallel_shards_sdpa(self) -> bool:
+        """Whether the TP plan hands SDPA DTensors sharded on the heads (rather than each
+        rank's local heads): PyTorch has sharding rules for the CUDA SDPA kernels only."""
+        return False
+
     def expert_parallel_divisor(self) -> int:
         """What an expert-parallel degree must divide (the routed experts); 1: the model
         has no experts, so expert parallelism does not apply."""

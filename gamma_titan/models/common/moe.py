@@ -69,7 +69,19 @@ class AuxLossGrad(torch.autograd.Function):
         return grad, torch.ones((), dtype=torch.float32, device=grad.device)
 
 
-class TokenChoiceRouter(nn.Module):
+class CountsLoad:
+    """Mixed into a router: `load`, the routed (token, slot) pairs per expert since the last
+    metrics log (moe_load_metrics reads and resets it). TorchTitan's tokens_per_expert is
+    reset by the load-balancing step, so it cannot serve."""
+
+    def init_load(self, num_experts: int) -> None:
+        self.register_buffer("load", torch.zeros(num_experts, dtype=torch.int64), persistent=False)
+
+    def reset_buffers(self, device) -> None:
+        self.load = torch.zeros(self.load.shape[0], dtype=torch.int64, device=device)
+
+
+class TokenChoiceRouter(CountsLoad, nn.Module):
     def __init__(self, dim: int, num_experts: int, top_k: int, score_func: str,
                  route_norm: bool, route_scale: float, aux_loss_coeff: float = 0.0):
         super().__init__()
@@ -78,12 +90,7 @@ class TokenChoiceRouter(nn.Module):
         self.gate = nn.Linear(dim, num_experts, bias=False)
         self.num_experts, self.top_k = num_experts, top_k
         self.score_func, self.route_norm, self.route_scale = score_func, route_norm, route_scale
-        # Routed (token, slot) pairs per expert since the last metrics log (moe_load_metrics);
-        # TorchTitan's tokens_per_expert is reset by the load-balancing step, so it cannot serve.
-        self.register_buffer("load", torch.zeros(num_experts, dtype=torch.int64), persistent=False)
-
-    def reset_buffers(self, device) -> None:
-        self.load = torch.zeros(self.num_experts, dtype=torch.int64, device=device)
+        self.init_load(num_experts)
 
     def forward(self, x: torch.Tensor, expert_bias: torch.Tensor | None = None):
         """x: (tokens, dim) -> scores of the chosen experts (tokens, k), their indices
@@ -125,8 +132,7 @@ def moe_load_metrics(model_parts: list[nn.Module], batch_group=None) -> dict[str
     unused expert); `moe/load_max_over_mean` is the worst layer. Token-choice routing has
     no capacity limit, so no token is ever dropped.
     """
-    routers = [(name, m) for part in model_parts for name, m in part.named_modules()
-               if isinstance(m, TokenChoiceRouter)]
+    routers = [(name, m) for part in model_parts for name, m in part.named_modules() if isinstance(m, CountsLoad)]
     if not routers:
         return {}
     loads = torch.stack([m.load for _, m in routers]).float()
@@ -157,7 +163,10 @@ class RoutedExperts(GroupedExperts):
     def forward(self, x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
         if x.device.type == "cuda":
             return super().forward(x, num_tokens_per_expert)
-        w1, w2, w3 = (w.to_local() if isinstance(w, DTensor) else w for w in (self.w1, self.w2, self.w3))
+        # Each expert's weights as views of one unbind: indexing the stacked tensor per expert
+        # instead makes every expert's backward write a zero gradient as large as the whole
+        # stack (64 experts of 768 x 256: ~95% of a qwen3 debugmodel_moe step on a CPU).
+        w1, w2, w3 = ((w.to_local() if isinstance(w, DTensor) else w).unbind(0) for w in (self.w1, self.w2, self.w3))
         return _run_experts_for_loop(w1, w2, w3, x, num_tokens_per_expert)
 
 

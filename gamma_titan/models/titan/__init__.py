@@ -1,10 +1,14 @@
-"""The paper's knobs on TorchTitan's own models: `[model] name = "llama3"` with a `[gamma]`
-table. Each module is one of TorchTitan's families, registered under TorchTitan's name
-(so TorchTitan's trainer and ours both build it); without [gamma] knobs it is
-TorchTitan's model bit for bit. knobs.py holds what they share."""
+"""The paper's knobs on TorchTitan's own models: `[model] name = "llama3"` (or "qwen3",
+"deepseek_v3") with a `[gamma]` table. llama3.py, qwen3.py and deepseek_v3.py are each one
+of TorchTitan's families, registered under TorchTitan's name (so TorchTitan's trainer and
+ours both build it); without [gamma] knobs each is TorchTitan's model bit for bit.
+knobs.py holds what they share, moe.py TorchTitan's MoE layer on a CPU, hf.py the
+Hugging Face names."""
 
 from gamma_titan.models.registry import register_family
 
-from . import llama3
+from . import deepseek_v3, llama3, qwen3
 
 register_family("llama3", llama3.train_spec())
+register_family("qwen3", qwen3.train_spec())
+register_family("deepseek_v3", deepseek_v3.train_spec())

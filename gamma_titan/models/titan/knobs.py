@@ -27,12 +27,17 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from gamma_titan.errors import ConfigError
 from gamma_titan.init import GammaInit, gamma_init_
 from gamma_titan.models.common import ATTENTION_GATES
 from gamma_titan.models.common.args import GammaArgs, gamma_init_config
 from gamma_titan.models.common.decoder import init_rule
+
+#: TorchTitan's init std for the q/k/v projections (every family's), which a gate
+#: projection, reading the same input, shares under TorchTitan's init.
+QKV_INIT_STD = 0.02
 
 #: [model_args] does not apply: TorchTitan's models take their shapes from their flavors.
 NO_MODEL_ARGS = ()
@@ -122,6 +127,11 @@ def apply_gate(out: torch.Tensor, gate_proj: nn.Module, x: torch.Tensor, width: 
     """out (bs, seq, heads, head_dim) × sigmoid(x W_g) viewed as (bs, seq, heads, width)."""
     bs, seqlen = x.shape[:2]
     return out * torch.sigmoid(gate_proj(x)).view(bs, seqlen, -1, width)
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor a TP plan may leave a DTensor (the probe reads local heads)."""
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def set_norm_eps(model: nn.Module, eps: float) -> None:

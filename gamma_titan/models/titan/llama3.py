@@ -10,7 +10,6 @@ attention, gated or not, answers the diagnostics' probe (`probe_qk`, `probe_gate
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,10 +31,8 @@ from gamma_titan.models.common.sdpa import AttentionShape
 from gamma_titan.models.common.shapes import HeadShape
 from gamma_titan.training.train_spec import with_our_components
 
-from .knobs import TitanArgs, TitanKnobs, apply_gate, gate_width
-
-#: TorchTitan's init std for the q/k/v projections, which the gate's input side shares.
-QKV_INIT_STD = 0.02
+from .hf import GATE_HF, GATE_TITAN, inverse, renamed
+from .knobs import QKV_INIT_STD, TitanArgs, TitanKnobs, apply_gate, gate_width
 
 
 @dataclass
@@ -132,11 +129,6 @@ def parallelize(model: nn.Module, parallel_dims, job_config):
     return parallelize_llama(model, parallel_dims, job_config)
 
 
-#: The gate projection under Llama's names, on the way between TorchTitan's and ours.
-GATE_HF = "model.layers.{}.self_attn.gate_proj.weight"
-_LAYER_KEY = re.compile(r"(\d+)")
-
-
 class Llama3Adapter(Llama3StateDictAdapter):
     """Hugging Face form: ungated, TorchTitan's own mapping to `LlamaForCausalLM` (ε and the
     γ-init leave the architecture a Llama). Gated, the project's `GammaForCausalLM`
@@ -150,21 +142,16 @@ class Llama3Adapter(Llama3StateDictAdapter):
         super().__init__(model_args, hf_assets_path)
         self.gated = model_args.attention_gate != "none"
         if self.gated:
-            self.from_hf_map[GATE_HF] = "layers.{}.attention.gate_proj.weight"
+            self.from_hf_map[GATE_HF] = GATE_TITAN
 
     def to_hf(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         hf = super().to_hf(state_dict)  # Llama names, q / k permuted
-        return gamma_to_hf(self._titan_names(hf)) if self.gated else hf
+        return gamma_to_hf(renamed(hf, self.from_hf_map)) if self.gated else hf  # back to TorchTitan's names
 
     def from_hf(self, hf_state_dict: dict[str, Any]) -> dict[str, Any]:
         if self.gated:
-            to_llama = {v: k for k, v in self.from_hf_map.items() if v is not None}
-            hf_state_dict = {_rename(k, to_llama): v for k, v in gamma_from_hf(hf_state_dict, "llama3").items()}
+            hf_state_dict = renamed(gamma_from_hf(hf_state_dict, "llama3"), inverse(self.from_hf_map))
         return super().from_hf(hf_state_dict)
-
-    def _titan_names(self, hf: dict[str, Any]) -> dict[str, Any]:
-        """Llama's names back to TorchTitan's, the values as they are."""
-        return {_rename(k, self.from_hf_map): v for k, v in hf.items()}
 
     def hf_config(self) -> dict[str, Any]:
         a = self.model_args
@@ -190,12 +177,6 @@ class Llama3Adapter(Llama3StateDictAdapter):
         raise ConfigError("config.json: gamma_titan_model = 'llama3': to start a llama3 run from a Hugging Face "
                           "folder, use TorchTitan's --checkpoint.initial_load_in_hf true "
                           "--checkpoint.initial_load_path HF_DIR")
-
-
-def _rename(key: str, table: dict[str, str]) -> str:
-    abstract = _LAYER_KEY.sub("{}", key, count=1)
-    layer = _LAYER_KEY.search(key)
-    return table[abstract].format(layer.group(0)) if layer else table[key]
 
 
 def flavors() -> Flavors:

@@ -1,0 +1,75 @@
+"""TorchTitan's MoE layer, as TorchTitan's MoE families build it, made to run on a CPU and
+to report its expert load.
+
+TorchTitan's router and token reorderer count tokens per expert with `torch.histc` on
+the int64 expert indices, which CPU does not implement ("histogram_cpu not implemented
+for 'Long'"), and its experts take the bf16 grouped-GEMM path on every device. On a CPU
+these subclasses count the same integers with a scatter-add (inside a TorchFunctionMode
+scoped to the call, so TorchTitan's routing code runs as written) and the experts run
+the exact fp32 loop; on CUDA they are TorchTitan's code path unchanged. The router also
+keeps the load counter moe_load_metrics reads (models/common/moe.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torchtitan.models.moe.moe import MoE, MoEArgs, TokenChoiceTopKRouter, TokenReorderer
+
+from gamma_titan.models.common.moe import CountsLoad, RoutedExperts, tokens_per_expert
+
+
+class IntegerHistcByScatter(TorchFunctionMode):
+    """`torch.histc(indices, bins=E, min=0, max=E)` of integer indices, as TorchTitan calls
+    it (bins of width 1), counted by scatter-add: the same counts, int64."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.histc and not args[0].is_floating_point():
+            bins = kwargs["bins"] if "bins" in kwargs else args[1]
+            return tokens_per_expert(args[0], bins)
+        return func(*args, **kwargs)
+
+
+class CountingRouter(CountsLoad, TokenChoiceTopKRouter):
+    def __init__(self, moe_args: MoEArgs, dim: int):
+        super().__init__(dim=dim, num_experts=moe_args.num_experts, num_expert_groups=moe_args.num_expert_groups,
+                         num_limited_groups=moe_args.num_limited_groups, top_k=moe_args.top_k,
+                         score_func=moe_args.score_func, route_norm=moe_args.route_norm,
+                         route_scale=moe_args.route_scale, gate_bias=moe_args.gate_bias,
+                         _debug_force_load_balance=moe_args._debug_force_load_balance)
+        self.init_load(moe_args.num_experts)
+
+    def forward(self, x: torch.Tensor, expert_bias: torch.Tensor | None = None):
+        if x.device.type == "cuda":
+            routed = super().forward(x, expert_bias)
+        else:
+            with IntegerHistcByScatter():
+                routed = super().forward(x, expert_bias)
+        with torch.no_grad():
+            self.load += routed[2].to(self.load.dtype)
+        return routed
+
+
+class CountingReorderer(TokenReorderer):
+    def forward(self, top_scores: torch.Tensor, selected_experts_indices: torch.Tensor):
+        if selected_experts_indices.device.type == "cuda":
+            return super().forward(top_scores, selected_experts_indices)
+        with IntegerHistcByScatter():
+            return super().forward(top_scores, selected_experts_indices)
+
+
+def make_cpu_capable(moe: MoE, moe_args: MoEArgs, dim: int, hidden_dim: int) -> None:
+    """Swap a freshly built TorchTitan MoE's router, reorderer and experts for the classes
+    above (the same parameters, so TorchTitan's init and names hold)."""
+    moe.router = CountingRouter(moe_args, dim)
+    moe.reorderer = CountingReorderer(num_experts=moe_args.num_experts, top_k=moe_args.top_k)
+    moe.experts = RoutedExperts(dim, hidden_dim, moe_args.num_experts, use_grouped_mm=moe_args.use_grouped_mm)
+
+
+def reset_load(model: nn.Module, device) -> None:
+    """The load counters after `to_empty` (garbage) or a fresh start: zero."""
+    for module in model.modules():
+        if isinstance(module, CountsLoad):
+            module.reset_buffers(device)

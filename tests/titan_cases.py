@@ -1,0 +1,40 @@
+"""What the tests of gamma_titan/models/titan share: TorchTitan's models' debug configs, the
+small batches the CPU trains them on, and their args as gamma_titan resolves them."""
+
+import torch
+
+from helpers import REPO
+from gamma_titan.config import load_job_config
+from gamma_titan.inspect_model import resolve_model
+
+TITAN_CONFIGS = {model: REPO / "configs" / "titan" / f"{model}_debug.toml"
+                 for model in ("llama3", "qwen3", "deepseek_v3")}
+#: qwen3's debug flavor (8 layers, attention 2048 wide, FFN 3072) takes ~10 s a step at the
+#: config's 8 x 256 tokens on 2 cores; the tests train it on 2 x 64.
+#: deepseek_v3's (MLA 16 x 192, 5 MoE layers) ~10 s too.
+_SMALL = ("--training.seq_len", "64", "--training.local_batch_size", "2",
+          "--validation.seq_len", "64", "--validation.local_batch_size", "2")
+SMALL_BATCH = {"llama3": (), "qwen3": _SMALL, "deepseek_v3": _SMALL}
+#: deepseek_v3's runs compared across layouts: at the config's lr (3e-3) its first steps are
+#: violent (gradient norms 10, 87, 24 at steps 2-4), and Adam's first update, lr·sign(g),
+#: turns last-bit differences of near-zero gradients into lr-sized ones, which top-k routing
+#: amplifies (measured with TP 2: gradient norm 3.8e-3 apart at step 2, 13% at step 3;
+#: with routing fixed, 1.1e-3 and 5.5%). A 10x smaller lr and TorchTitan's round-robin
+#: routing switch keep the comparison about the parallel layouts (measured then: PP 2 equal
+#: to 6 digits, TP 2 within 4e-5 in the gradient norm and 3e-7 in the loss, 4 steps).
+CALM = {"deepseek_v3": ("--optimizer.lr", "3e-4", "--debug.moe_force_load_balance", "true")}
+
+
+def titan_own_model(model: str, args):
+    """TorchTitan's own model class for these args, on meta (the reference for what our
+    class keeps: parameter names and shapes, RMSNorms)."""
+    import importlib
+
+    with torch.device("meta"):
+        return importlib.import_module(f"torchtitan.models.{model}").get_train_spec().model_cls(args)
+
+
+def titan_args(model: str, *overrides: str):
+    """(spec, args) of the model's debug config with these overrides."""
+    config = load_job_config(["--job.config_file", str(TITAN_CONFIGS[model]), *overrides])
+    return resolve_model(config)
