@@ -67,11 +67,15 @@ class DeepSeekV3Args(TitanArgs, DeepSeekV3ModelArgs):
         return [*super().float8_excluded_fqns(), "moe.router.gate"]
 
     def default_cosine_params(self) -> list[str]:
-        last = self.n_layers - 1
-        ffn = "moe.shared_experts.w1" if self.moe_args.num_shared_experts else "attention.wkv_b"
-        return ["layers.0.attention.wo.weight", "layers.0.feed_forward.w1.weight" if self.n_dense_layers else
-                f"layers.0.{ffn}.weight", f"layers.{last}.attention.wo.weight",
-                f"layers.{last}.{ffn if last >= self.n_dense_layers else 'feed_forward.w1'}.weight"]
+        """The first and last layer's output projection and first FFN matrix (a MoE layer's
+        shared experts; the routed ones are 3-D)."""
+        def ffn(layer: int) -> str:
+            if layer < self.n_dense_layers:
+                return "feed_forward.w1"
+            return "moe.shared_experts.w1" if self.moe_args.num_shared_experts else "attention.wkv_b"
+
+        return [f"layers.{layer}.{w}.weight" for layer in sorted({0, self.n_layers - 1})
+                for w in ("attention.wo", ffn(layer))]
 
 
 class DeepSeekV3Attention(Attention):

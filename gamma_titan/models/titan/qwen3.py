@@ -188,7 +188,7 @@ class Qwen3Adapter(Qwen3StateDictAdapter):
     def hf_config(self) -> dict[str, Any]:
         a = self.model_args
         if not a.qk_norm:
-            raise ConfigError(f"model.flavor: a qwen3 flavor without qk_norm has no Hugging Face class")
+            raise ConfigError("model.flavor: a qwen3 flavor without qk_norm has no Hugging Face class")
         shape = {"vocab_size": a.vocab_size, "hidden_size": a.dim, "num_hidden_layers": a.n_layers,
                  "num_attention_heads": a.n_heads, "num_key_value_heads": a.kv_heads, "head_dim": a.head_dim,
                  "intermediate_size": a.hidden_dim, "rms_norm_eps": a.norm_eps,
