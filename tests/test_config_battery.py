@@ -49,7 +49,7 @@ BATTERY = [
     (DENSE, ["--model_args.rope_theta", "-1"], 1, "model_args.rope_theta = -1.0: must be > 0"),
     (DENSE, ["--model.flavor", "huge"], 1, "model.flavor = 'huge': allowed for gamma_dense: debug, tiny-32, tiny-48, tiny-64, "
      "tiny-96, tiny-128, gpu-256, gpu-384, gpu-512, gpu-768, 0.1B, 0.3B, 0.7B, 1.5B, 7B"),
-    (DENSE, ["--model.name", "nonexistent"], 1, "model.name = 'nonexistent': allowed gamma_dense, gamma_moe, llama3"),
+    (DENSE, ["--model.name", "nonexistent"], 1, "model.name = 'nonexistent': allowed gamma_dense, gamma_moe, llama3, qwen3, deepseek_v3"),
     (DENSE, ["--training.steps", "0"], 1, "training.steps = 0: must be a positive integer"),
     (DENSE, ["--training.steps", "1.5"], 1, "training.steps = '1.5': must be an integer"),
     (DENSE, ["--model_args.rope_theta=big"], 1, "model_args.rope_theta = 'big': must be a number"),
