@@ -3,7 +3,8 @@ to report its expert load.
 
 TorchTitan's router and token reorderer count tokens per expert with `torch.histc` on
 the int64 expert indices, which CPU does not implement ("histogram_cpu not implemented
-for 'Long'"), and its experts take the bf16 grouped-GEMM path on every device. On a CPU
+for 'Long'"), and its experts take the bf16 grouped-GEMM path wherever the flavor asks
+for it (qwen3's; deepseek_v3 turns it off below SM90), a CPU included. On a CPU
 these subclasses count the same integers with a scatter-add (inside a TorchFunctionMode
 scoped to the call, so TorchTitan's routing code runs as written) and the experts run
 the exact fp32 loop; on CUDA they are TorchTitan's code path unchanged. The router also
