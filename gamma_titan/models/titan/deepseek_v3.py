@@ -26,8 +26,6 @@ from torchtitan.models.deepseek_v3.model.args import DeepSeekV3ModelArgs
 from torchtitan.models.deepseek_v3.model.model import (Attention, DeepSeekV3Model, apply_rotary_emb,
                                                        precompute_freqs_cis)
 from torchtitan.models.deepseek_v3.model.state_dict_adapter import DeepSeekV3StateDictAdapter
-from torchtitan.models.moe.moe import MoE
-from torchtitan.models.utils import trunc_normal_
 
 from gamma_titan.errors import ConfigError
 from gamma_titan.models.common.flavors import Flavors
@@ -35,8 +33,7 @@ from gamma_titan.models.common.sdpa import AttentionShape
 from gamma_titan.training.train_spec import with_our_components
 
 from .hf import GATE_HF, GATE_TITAN
-from .knobs import QKV_INIT_STD, TitanArgs, TitanKnobs, apply_gate, gate_width, local
-from .moe import make_cpu_capable, reset_load
+from .knobs import GateProjection, TitanArgs, TitanKnobs, local
 
 
 @dataclass
@@ -104,19 +101,10 @@ class DeepSeekV3Attention(Attention):
         return q, k, v
 
 
-class GatedDeepSeekV3Attention(DeepSeekV3Attention):
+class GatedDeepSeekV3Attention(GateProjection, DeepSeekV3Attention):
     def __init__(self, args: DeepSeekV3Args):
         super().__init__(args)
-        self.gate = args.attention_gate
-        self.gate_width = gate_width(self.gate, self.v_head_dim)
-        self.gate_proj = nn.Linear(args.dim, args.n_heads * self.gate_width, bias=False)
-
-    def init_weights(self, init_std: float) -> None:
-        super().init_weights(init_std)
-        trunc_normal_(self.gate_proj.weight, mean=0.0, std=QKV_INIT_STD)
-
-    def probe_gate(self, x: torch.Tensor) -> torch.Tensor:
-        return local(torch.sigmoid(self.gate_proj(x)))
+        self.add_gate(args, self.v_head_dim)
 
     def forward(self, x, freqs_cis, attention_masks, positions=None):
         bsz, seqlen, _ = x.shape
@@ -125,23 +113,13 @@ class GatedDeepSeekV3Attention(DeepSeekV3Attention):
             out = self.inner_attention(q, k, v, block_mask=attention_masks, scale=self.softmax_scale)
         else:
             out = self.inner_attention(q, k, v, scale=self.softmax_scale)
-        out = apply_gate(out.transpose(1, 2), self.gate_proj, x, self.gate_width)
-        return self.wo(out.reshape(bsz, seqlen, -1))
+        return self.wo(self.gated(out.transpose(1, 2), x).reshape(bsz, seqlen, -1))
 
 
 class DeepSeekV3(TitanKnobs, DeepSeekV3Model):
     def __init__(self, args: DeepSeekV3Args):
         super().__init__(args)
-        attention = GatedDeepSeekV3Attention if args.attention_gate != "none" else DeepSeekV3Attention
-        for block in self.layers.values():
-            block.attention = attention(args)
-            if block.moe_enabled and type(block.moe) is MoE:  # not DeepEP's (CUDA only)
-                make_cpu_capable(block.moe, args.moe_args, args.dim, args.moe_inter_dim)
-        self.apply_knobs()
-
-    def init_weights(self, buffer_device: torch.device | None = None) -> None:
-        super().init_weights(buffer_device=buffer_device)
-        reset_load(self, buffer_device or self.freqs_cis.device)
+        self.apply_knobs(DeepSeekV3Attention, GatedDeepSeekV3Attention)
 
     def init_rope(self, device) -> None:
         with torch.device(device):

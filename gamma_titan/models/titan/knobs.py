@@ -28,12 +28,16 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
+from torchtitan.models.moe.moe import MoE
+from torchtitan.models.utils import trunc_normal_
 
 from gamma_titan.errors import ConfigError
 from gamma_titan.init import GammaInit, gamma_init_
 from gamma_titan.models.common import ATTENTION_GATES
 from gamma_titan.models.common.args import GammaArgs, gamma_init_config
 from gamma_titan.models.common.decoder import init_rule
+
+from .moe import make_cpu_capable, reset_load
 
 #: TorchTitan's init std for the q/k/v projections (every family's), which a gate
 #: projection, reading the same input, shares under TorchTitan's init.
@@ -118,15 +122,29 @@ class TitanArgs(GammaArgs):
 # --------------------------------------------------------------------------- the model
 
 
-def gate_width(attention_gate: str, head_dim: int) -> int:
-    """Gate values per head: one (headwise) or one per channel of the head (elementwise)."""
-    return head_dim if attention_gate == "elementwise" else 1
+class GateProjection:
+    """Mixed in before a TorchTitan attention class (or its probe-aware subclass): the
+    gate's projection `gate_proj`, d -> heads x (1 headwise | value_dim elementwise), drawn
+    like the queries under TorchTitan's init (γ-init, when set, redraws it with the rest),
+    the gate values for the diagnostics' probe, and `gated(out, x)`, the one step a gated
+    forward adds before `wo`."""
 
+    def add_gate(self, args, value_dim: int) -> None:
+        self.gate = args.attention_gate
+        self.gate_width = value_dim if self.gate == "elementwise" else 1
+        self.gate_proj = nn.Linear(args.dim, args.n_heads * self.gate_width, bias=False)
 
-def apply_gate(out: torch.Tensor, gate_proj: nn.Module, x: torch.Tensor, width: int) -> torch.Tensor:
-    """out (bs, seq, heads, head_dim) × sigmoid(x W_g) viewed as (bs, seq, heads, width)."""
-    bs, seqlen = x.shape[:2]
-    return out * torch.sigmoid(gate_proj(x)).view(bs, seqlen, -1, width)
+    def init_weights(self, init_std: float) -> None:
+        super().init_weights(init_std)
+        trunc_normal_(self.gate_proj.weight, mean=0.0, std=QKV_INIT_STD)
+
+    def probe_gate(self, x: torch.Tensor) -> torch.Tensor:
+        return local(torch.sigmoid(self.gate_proj(x)))
+
+    def gated(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """out (bs, seq, heads, value_dim) × sigmoid(x W_g) viewed as (bs, seq, heads, width)."""
+        bs, seqlen = x.shape[:2]
+        return out * torch.sigmoid(self.gate_proj(x)).view(bs, seqlen, -1, self.gate_width)
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -168,13 +186,22 @@ class TitanKnobs:
     def init_rope(self, device) -> None:
         raise NotImplementedError
 
-    def apply_knobs(self) -> None:
-        if self.model_args.every_norm_eps is not None:
-            set_norm_eps(self, self.model_args.every_norm_eps)
+    def apply_knobs(self, attention: type[nn.Module], gated_attention: type[nn.Module]) -> None:
+        """After TorchTitan's construction (on meta): each block's attention rebuilt as the
+        probe-aware class, or the gated one; TorchTitan's MoE layers made to run on a CPU;
+        ε on every RMSNorm."""
+        args = self.model_args
+        for block in self.layers.values():
+            block.attention = (gated_attention if args.attention_gate != "none" else attention)(args)
+            if getattr(block, "moe_enabled", False) and type(block.moe) is MoE:  # not DeepEP's (CUDA only)
+                make_cpu_capable(block.moe, args.moe_args)
+        if args.every_norm_eps is not None:
+            set_norm_eps(self, args.every_norm_eps)
 
     init_rule = staticmethod(init_rule)
 
     def init_weights(self, buffer_device: torch.device | None = None) -> None:
         super().init_weights(buffer_device=buffer_device)
+        reset_load(self, buffer_device or getattr(self, self.ROPE).device)
         if self.model_args.init is not None:
             gamma_init_(self, self.model_args.init, self.init_rule)

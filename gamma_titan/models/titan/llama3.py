@@ -22,7 +22,6 @@ from torchtitan.models.llama3.infra.parallelize import parallelize_llama
 from torchtitan.models.llama3.model.args import TransformerModelArgs
 from torchtitan.models.llama3.model.model import Attention, FeedForward, Transformer, apply_rotary_emb
 from torchtitan.models.llama3.model.state_dict_adapter import Llama3StateDictAdapter
-from torchtitan.models.utils import trunc_normal_
 
 from gamma_titan.errors import ConfigError
 from gamma_titan.models.common.flavors import Flavors
@@ -32,7 +31,7 @@ from gamma_titan.models.common.shapes import HeadShape
 from gamma_titan.training.train_spec import with_our_components
 
 from .hf import GATE_HF, GATE_TITAN, inverse, renamed
-from .knobs import QKV_INIT_STD, TitanArgs, TitanKnobs, apply_gate, gate_width
+from .knobs import GateProjection, TitanArgs, TitanKnobs
 
 
 @dataclass
@@ -72,21 +71,10 @@ class Llama3Attention(Attention):
         return apply_rotary_emb(q, k, freqs_cis=freqs_cis, positions=positions)
 
 
-class GatedLlama3Attention(Llama3Attention):
+class GatedLlama3Attention(GateProjection, Llama3Attention):
     def __init__(self, args: Llama3Args):
         super().__init__(args)
-        self.gate = args.attention_gate
-        self.gate_width = gate_width(self.gate, self.head_dim)
-        self.gate_proj = nn.Linear(args.dim, args.n_heads * self.gate_width, bias=False)
-
-    def init_weights(self, init_std: float) -> None:
-        """TorchTitan's init, and the gate's projection like the queries' (γ-init, when
-        set, redraws all of them afterwards)."""
-        super().init_weights(init_std)
-        trunc_normal_(self.gate_proj.weight, mean=0.0, std=QKV_INIT_STD)
-
-    def probe_gate(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(self.gate_proj(x))
+        self.add_gate(args, self.head_dim)
 
     def forward(self, x, freqs_cis, attention_masks, positions=None):
         bs, seqlen, _ = x.shape
@@ -97,17 +85,13 @@ class GatedLlama3Attention(Llama3Attention):
             out = self.inner_attention(q, k, v, block_mask=attention_masks, enable_gqa=self.enable_gqa)
         else:
             out = self.inner_attention(q, k, v, enable_gqa=self.enable_gqa)
-        out = apply_gate(out.transpose(1, 2), self.gate_proj, x, self.gate_width)
-        return self.wo(out.reshape(bs, seqlen, -1))
+        return self.wo(self.gated(out.transpose(1, 2), x).reshape(bs, seqlen, -1))
 
 
 class Llama3(TitanKnobs, Transformer):
     def __init__(self, args: Llama3Args):
         super().__init__(args)
-        attention = GatedLlama3Attention if args.attention_gate != "none" else Llama3Attention
-        for block in self.layers.values():
-            block.attention = attention(args)
-        self.apply_knobs()
+        self.apply_knobs(Llama3Attention, GatedLlama3Attention)
 
     def init_rope(self, device) -> None:
         with torch.device(device):

@@ -61,9 +61,10 @@ class CountingReorderer(TokenReorderer):
             return super().forward(top_scores, selected_experts_indices)
 
 
-def make_cpu_capable(moe: MoE, moe_args: MoEArgs, dim: int, hidden_dim: int) -> None:
+def make_cpu_capable(moe: MoE, moe_args: MoEArgs) -> None:
     """Swap a freshly built TorchTitan MoE's router, reorderer and experts for the classes
     above (the same parameters, so TorchTitan's init and names hold)."""
+    _, hidden_dim, dim = moe.experts.w1.shape  # (experts, hidden, dim)
     moe.router = CountingRouter(moe_args, dim)
     moe.reorderer = CountingReorderer(num_experts=moe_args.num_experts, top_k=moe_args.top_k)
     moe.experts = RoutedExperts(dim, hidden_dim, moe_args.num_experts, use_grouped_mm=moe_args.use_grouped_mm)

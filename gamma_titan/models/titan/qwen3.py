@@ -27,7 +27,6 @@ from torchtitan.models.qwen3.infra.parallelize import parallelize_qwen3
 from torchtitan.models.qwen3.model.args import Qwen3ModelArgs
 from torchtitan.models.qwen3.model.model import Attention, Qwen3Model, apply_rotary_emb
 from torchtitan.models.qwen3.model.state_dict_adapter import Qwen3StateDictAdapter
-from torchtitan.models.utils import trunc_normal_
 
 from gamma_titan.errors import ConfigError
 from gamma_titan.models.common.flavors import Flavors
@@ -35,9 +34,8 @@ from gamma_titan.models.common.hf_layout import GAMMA_ARCHITECTURE, gamma_from_h
 from gamma_titan.models.common.sdpa import AttentionShape
 from gamma_titan.training.train_spec import with_our_components
 
-from .hf import GATE_HF, GATE_TITAN, inverse, renamed
-from .moe import make_cpu_capable, reset_load
-from .knobs import QKV_INIT_STD, TitanArgs, TitanKnobs, apply_gate, gate_width, local
+from .hf import GATE_HF, GATE_TITAN
+from .knobs import GateProjection, TitanArgs, TitanKnobs, local
 
 
 @dataclass
@@ -90,19 +88,10 @@ class Qwen3Attention(Attention):
         return apply_rotary_emb(q, k, rope_cache, positions)
 
 
-class GatedQwen3Attention(Qwen3Attention):
+class GatedQwen3Attention(GateProjection, Qwen3Attention):
     def __init__(self, args: Qwen3Args):
         super().__init__(args)
-        self.gate = args.attention_gate
-        self.gate_width = gate_width(self.gate, self.head_dim)
-        self.gate_proj = nn.Linear(args.dim, args.n_heads * self.gate_width, bias=False)
-
-    def init_weights(self, init_std: float) -> None:
-        super().init_weights(init_std)
-        trunc_normal_(self.gate_proj.weight, mean=0.0, std=QKV_INIT_STD)
-
-    def probe_gate(self, x: torch.Tensor) -> torch.Tensor:
-        return local(torch.sigmoid(self.gate_proj(x)))
+        self.add_gate(args, self.head_dim)
 
     def forward(self, x, rope_cache, attention_masks, positions=None):
         bs, seqlen, _ = x.shape
@@ -114,8 +103,7 @@ class GatedQwen3Attention(Qwen3Attention):
                                        enable_gqa=self.enable_gqa)
         else:
             out = self.inner_attention(q, k, v, scale=self.scaling, enable_gqa=self.enable_gqa)
-        out = apply_gate(out.transpose(1, 2), self.gate_proj, x, self.gate_width)
-        return self.wo(out.reshape(bs, seqlen, -1))
+        return self.wo(self.gated(out.transpose(1, 2), x).reshape(bs, seqlen, -1))
 
 
 class Qwen3(TitanKnobs, Qwen3Model):
@@ -123,16 +111,7 @@ class Qwen3(TitanKnobs, Qwen3Model):
 
     def __init__(self, args: Qwen3Args):
         super().__init__(args)
-        attention = GatedQwen3Attention if args.attention_gate != "none" else Qwen3Attention
-        for block in self.layers.values():
-            block.attention = attention(args)
-            if block.moe_enabled:
-                make_cpu_capable(block.moe, args.moe_args, args.dim, args.moe_inter_dim)
-        self.apply_knobs()
-
-    def init_weights(self, buffer_device: torch.device | None = None) -> None:
-        super().init_weights(buffer_device=buffer_device)
-        reset_load(self, buffer_device or self.rope_cache.device)
+        self.apply_knobs(Qwen3Attention, GatedQwen3Attention)
 
     def init_rope(self, device) -> None:
         with torch.device(device):
