@@ -76,3 +76,20 @@ def read_metrics(dump: Path) -> list[dict]:
 
 QUIET = ("--metrics.log_freq", "1", "--metrics.enable_tensorboard", "false",
          "--validation.enable", "false")
+
+
+def hf_checkpointer(root, folder, model, model_name, args, tokenizer, **checkpoint):
+    """GammaCheckpointManager as GammaTrainer builds it (the TrainSpec's state-dict adapter on
+    `model.hf_assets_path`, "builtin" in our configs), for a model-only save or load."""
+    import torch
+    from torchtitan.config import Checkpoint
+
+    from gamma_titan.convert.model_record import model_record
+    from gamma_titan.models import TRAIN_SPECS
+    from gamma_titan.training.checkpoint import GammaCheckpointManager
+
+    return GammaCheckpointManager(
+        model_record=model_record(model_name, "debug", args, tokenizer), device=torch.device("cpu"),
+        dataloader=None, model_parts=[model], optimizers=None, lr_schedulers=None, states={},
+        checkpoint_config=Checkpoint(enable=True, folder=folder, **checkpoint),
+        sd_adapter=TRAIN_SPECS[model_name].state_dict_adapter(args, "builtin"), base_folder=str(root))

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from helpers import small_args
+from helpers import hf_checkpointer, small_args
 
 from gamma_titan.cli import main as cli_main
 from gamma_titan.convert.dcp_io import load_model_state, save_model_state
@@ -157,21 +157,6 @@ def test_bf16_and_bad_input_writes_nothing(tmp_path, builtin_assets, capsys):
     assert not any((tmp_path / d).exists() for d in ("a", "b", "c", "fp16"))
 
 
-def _hf_checkpointer(root, folder, model, model_name, args, tokenizer, **checkpoint):
-    """GammaCheckpointManager as GammaTrainer builds it (the TrainSpec's state-dict adapter on
-    `model.hf_assets_path`, "builtin" in our configs), for a model-only save or load."""
-    from torchtitan.config import Checkpoint
-
-    from gamma_titan.models import TRAIN_SPECS
-    from gamma_titan.training.checkpoint import GammaCheckpointManager
-
-    return GammaCheckpointManager(
-        model_record=model_record(model_name, "debug", args, tokenizer), device=torch.device("cpu"),
-        dataloader=None, model_parts=[model], optimizers=None, lr_schedulers=None, states={},
-        checkpoint_config=Checkpoint(enable=True, folder=folder, **checkpoint),
-        sd_adapter=TRAIN_SPECS[model_name].state_dict_adapter(args, "builtin"), base_folder=str(root))
-
-
 @pytest.mark.parametrize("variant", ["dense-none", "dense-headwise", "moe-mla"])
 def test_checkpoints_save_and_load_in_hf(variant, tmp_path, builtin_assets):
     """TorchTitan's own HF path through the family's adapter: `checkpoint.last_save_in_hf`
@@ -180,7 +165,7 @@ def test_checkpoints_save_and_load_in_hf(variant, tmp_path, builtin_assets):
     model_name, make_args, hf_class = VARIANTS[variant]
     args, tokenizer = make_args(), builtin_assets[1]
     model = _model(args, model_name=model_name).eval()
-    saver = _hf_checkpointer(tmp_path, "checkpoint", model, model_name, args, tokenizer,
+    saver = hf_checkpointer(tmp_path, "checkpoint", model, model_name, args, tokenizer,
                              last_save_model_only=True, last_save_in_hf=True)
     saver.save(2, last_step=True)
     step = tmp_path / "checkpoint" / "step-2"
@@ -194,7 +179,7 @@ def test_checkpoints_save_and_load_in_hf(variant, tmp_path, builtin_assets):
         assert (model(tokens) - hf(tokens).logits).abs().max().item() <= 1e-4
 
     fresh = _model(args, seed=1, model_name=model_name)
-    loader = _hf_checkpointer(tmp_path, "new-run", fresh, model_name, args, tokenizer,
+    loader = hf_checkpointer(tmp_path, "new-run", fresh, model_name, args, tokenizer,
                               initial_load_path=str(step), initial_load_in_hf=True)
     assert loader.load()
     ours, loaded = model.state_dict(), fresh.state_dict()

@@ -211,68 +211,183 @@ def test_what_cannot_run_on_a_cpu_is_refused_in_one_line(builtin_assets):
         "parallelism.pipeline_parallel_degree = 2: qwen3 supports 1 (no pipeline parallelism)")
 
 
-def small_qwen3_moe(gate: str):
-    """qwen3's debugmodel_moe (its routing: softmax top-k, normed, scores after the experts)
-    at a size a test can run in a second: 2 layers, width 64, 8 experts, 2 per token."""
-    import dataclasses
-
-    spec, args = titan_args("qwen3", "--model.flavor", "debugmodel_moe", "--gamma.attention_gate", gate)
-    args = dataclasses.replace(args, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, vocab_size=256,
-                               moe_inter_dim=48, max_seq_len=64,
-                               moe_args=dataclasses.replace(args.moe_args, num_experts=8, top_k=2))
+def materialised(spec, args):
+    """The model of `args` with TorchTitan's init (and γ-init where set) on the CPU, its norm
+    scales drawn at random near 1, so that a misplaced norm shows."""
     with torch.device("meta"):
         net = spec.model_cls(args)
     net.to_empty(device="cpu")
     with torch.no_grad():
         net.init_weights(buffer_device=torch.device("cpu"))
         for name, p in net.named_parameters():
-            if p.ndim == 1:  # norm scales away from 1, so a misplaced norm shows
+            if p.ndim == 1:
                 p.copy_(1 + 0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))))
-    return args, net
+    return net
 
 
-@pytest.mark.parametrize("gate, hf_class", [("none", "Qwen3MoeForCausalLM"), ("elementwise", "GammaForCausalLM")])
-def test_qwen3_moe_runs_on_a_cpu_as_transformers_computes_it(gate, hf_class, tmp_path):
-    """TorchTitan's MoE cannot count its routed tokens on a CPU (torch.histc of int64);
-    ours counts them by scatter-add and runs the experts' fp32 loop. Against transformers'
-    own Qwen3Moe (ungated) and GammaForCausalLM (gated): logits to 1e-4. The load counters
-    see every routed (token, slot) pair."""
-    transformers = pytest.importorskip("transformers")
+def through_transformers(model: str, args, net, folder):
+    """`net` written by its family's adapter as a Hugging Face folder and loaded by
+    transformers: (the adapter, its HF state dict, the HF model, our logits, transformers'
+    logits on one random batch)."""
+    import transformers
     from safetensors.torch import save_file
     from gamma_titan.convert.hf_folder import write_hf_files
-    from gamma_titan.models.common.moe import moe_load_metrics
-
     from gamma_titan.models import TRAIN_SPECS
 
-    args, net = small_qwen3_moe(gate)
-    adapter = TRAIN_SPECS["qwen3"].state_dict_adapter(args, None)
-    save_file({k: v.contiguous() for k, v in adapter.to_hf(net.state_dict()).items()}, str(tmp_path / "model.safetensors"))
-    write_hf_files(tmp_path, "qwen3", adapter, None, torch.float32)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32, trust_remote_code=True)
-    assert type(hf).__name__ == hf_class
+    adapter = TRAIN_SPECS[model].state_dict_adapter(args, None)
+    hf_state = adapter.to_hf(net.state_dict())
+    save_file({k: v.contiguous() for k, v in hf_state.items()}, str(folder / "model.safetensors"))
+    write_hf_files(folder, model, adapter, None, torch.float32)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, trust_remote_code=True)
     tokens = torch.randint(0, args.vocab_size, (2, 48), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        ours, theirs = net(tokens), hf(tokens).logits
+        return adapter, hf_state, hf, net(tokens), hf(tokens).logits
+
+
+def small_qwen3_moe(gate: str, qk_norm: bool = True, **moe):
+    """qwen3's debugmodel_moe (its routing: softmax top-k, normed, scores after the experts)
+    at a size a test can run in a second: 2 layers, width 64, 8 experts, 2 per token."""
+    import dataclasses
+
+    spec, args = titan_args("qwen3", "--model.flavor", "debugmodel_moe", "--gamma.attention_gate", gate)
+    args = dataclasses.replace(args, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, vocab_size=256,
+                               moe_inter_dim=48, max_seq_len=64, qk_norm=qk_norm,
+                               moe_args=dataclasses.replace(args.moe_args, num_experts=8, top_k=2, **moe))
+    return args, materialised(spec, args)
+
+
+@pytest.mark.parametrize("gate, shared, qk_norm, hf_class", [("none", 0, True, "Qwen3MoeForCausalLM"),
+                                                              ("elementwise", 0, True, "GammaForCausalLM"),
+                                                              ("none", 1, True, "GammaForCausalLM"),
+                                                              ("none", 0, False, "GammaForCausalLM")])
+def test_qwen3_moe_runs_on_a_cpu_as_transformers_computes_it(gate, shared, qk_norm, hf_class, tmp_path):
+    """TorchTitan's MoE cannot count its routed tokens on a CPU (torch.histc of int64);
+    ours counts them by scatter-add and runs the experts' fp32 loop. Against transformers'
+    own Qwen3Moe (ungated) and GammaForCausalLM (gated, or what Qwen3Moe cannot hold: a
+    shared expert, no q/k norms): logits to 1e-4. The load counters see every routed
+    (token, slot) pair."""
+    pytest.importorskip("transformers")
+    from gamma_titan.models.common.moe import moe_load_metrics
+
+    args, net = small_qwen3_moe(gate, qk_norm, num_shared_experts=shared)
+    adapter, _, hf, ours, theirs = through_transformers("qwen3", args, net, tmp_path)
+    assert (adapter.package_reason is None) == (hf_class == "Qwen3MoeForCausalLM")
+    assert type(hf).__name__ == hf_class
     assert ours.abs().max() > 1e-3 and (ours - theirs).abs().max().item() <= 1e-4
     counts = [int(r.load.sum()) for r in net.modules() if hasattr(r, "load")]
-    assert counts == [tokens.numel() * args.moe_args.top_k] * args.n_layers
+    assert counts == [2 * 48 * args.moe_args.top_k] * args.n_layers  # every (token, slot) of the batch
     load = moe_load_metrics([net])
     assert sorted(k for k in load if "layer_" in k) == sorted(f"moe/load_{w}_over_mean/layer_{i}" for i in (0, 1)
                                                               for w in ("max", "min"))
     assert all(1 <= load[f"moe/load_max_over_mean/layer_{i}"] <= 8 for i in (0, 1))
     assert all(int(r.load.sum()) == 0 for r in net.modules() if hasattr(r, "load"))  # read and reset
+    if adapter.package_reason is None:  # Qwen3Moe has no expert bias: one that is not zero is refused
+        from gamma_titan.errors import ConfigError
+
+        state = net.state_dict()
+        state["layers.1.moe.expert_bias"][3] = 0.5
+        with pytest.raises(ConfigError, match=r"^layers.1.moe.expert_bias: not zero, and transformers' Qwen3Moe"):
+            adapter.to_hf(state)
 
 
-def test_a_model_without_a_hugging_face_form_is_refused_before_training(builtin_assets, tmp_path):
-    """deepseek_v3 (no HF export yet): checkpoint.last_save_in_hf in pre-flight, not after
-    the last step; `convert to-hf` before it reads or writes anything."""
-    from gamma_titan.errors import ConfigError
-    from gamma_titan.training.preflight import preflight
+def small_deepseek_v3(gate: str, norm_eps: str, shape: dict, moe: dict):
+    """deepseek_v3's debug flavor (MLA, 1 dense layer then MoE: softmax routing, expert bias,
+    scores after the experts) at a size a test runs in a second, with `shape` and `moe`
+    changed; norm scales and expert biases random, so a misplaced one shows."""
+    import dataclasses
 
-    config = load_job_config(["--job.config_file", str(TITAN_CONFIGS["deepseek_v3"]), "--checkpoint.enable", "true",
-                              "--checkpoint.last_save_in_hf", "true", "--checkpoint.last_save_model_only", "true"])
-    with pytest.raises(ConfigError, match=r"^deepseek_v3 has no Hugging Face form here yet \(convert to-hf, "
-                                          r"checkpoint.last_save_in_hf\)"):
-        preflight(config, world_size=1)
-    preflight(load_job_config(["--job.config_file", str(TITAN_CONFIGS["deepseek_v3"]), "--checkpoint.enable", "true"]),
-              world_size=1)  # DCP checkpoints are fine
+    spec, args = titan_args("deepseek_v3", "--gamma.attention_gate", gate, "--gamma.norm_eps", norm_eps)
+    args = dataclasses.replace(args, **{**dict(dim=64, n_layers=3, n_heads=4, vocab_size=256, inter_dim=96,
+                                               moe_inter_dim=32, kv_lora_rank=32, qk_nope_head_dim=16,
+                                               qk_rope_head_dim=8, v_head_dim=16, max_seq_len=64), **shape},
+                               moe_args=dataclasses.replace(args.moe_args, num_experts=8, top_k=2, **moe))
+    net = materialised(spec, args)
+    with torch.no_grad():  # as deepseek_v3's optimizers leave it: routing shifted per expert
+        for name, bias in net.named_buffers():
+            if name.endswith("moe.expert_bias"):
+                bias.copy_(0.3 * torch.randn(bias.shape, generator=torch.Generator().manual_seed(len(name))))
+    return args, net
+
+
+#: YaRN on (trained beyond original_seq_len: rotary frequencies stretched, softmax sharpened),
+#: queries through their own latent (q_lora_rank), node-limited routing (2 of 4 groups)
+_LONG = dict(q_lora_rank=24, original_seq_len=32, rope_factor=4.0, mscale=0.7)
+_GROUPS = dict(num_expert_groups=4, num_limited_groups=2)
+DEEPSEEK_HF_CASES = {
+    # (gate, gamma.norm_eps, shape, moe, the class it goes to, why not transformers' DeepseekV3)
+    "debug routing": ("none", "1e-12", {}, {}, "GammaForCausalLM",
+                      "transformers' DeepseekV3 routes by sigmoid, this flavor by softmax"),
+    "gated, long": ("elementwise", "1e-12", _LONG, _GROUPS, "GammaForCausalLM",
+                    "the attention gate (no transformers class has it)"),
+    "TorchTitan's ε": ("headwise", "None", {}, {}, "GammaForCausalLM",
+                       "the attention gate (no transformers class has it)"),
+    "V3 routing, ε 1e-6": ("none", "1e-6", _LONG, dict(score_func="sigmoid", route_norm=True, route_scale=2.5,
+                                                         **_GROUPS), "DeepseekV3ForCausalLM", None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DEEPSEEK_HF_CASES))
+def test_deepseek_v3_converts_to_hf_with_the_same_logits(case, tmp_path):
+    """deepseek_v3 to Hugging Face: transformers' DeepseekV3ForCausalLM (TorchTitan's
+    mapping) where it computes this very model (sigmoid routing, every ε 1e-6, no gate);
+    otherwise GammaForCausalLM (the gate, softmax routing, any ε, DeepSeek's interleaved RoPE
+    and YaRN), saying why. Logits to 1e-4; the HF weights read back bitwise."""
+    pytest.importorskip("transformers")
+    gate, eps, shape, moe, hf_class, reason = DEEPSEEK_HF_CASES[case]
+    args, net = small_deepseek_v3(gate, eps, shape, moe)
+    assert (args.max_seq_len > args.original_seq_len) == ("rope_factor" in shape)  # YaRN on where meant
+    adapter, hf_state, hf, ours, theirs = through_transformers("deepseek_v3", args, net, tmp_path)
+    assert adapter.package_reason == reason and type(hf).__name__ == hf_class
+    assert ours.abs().max() > 1e-1 and (ours - theirs).abs().max().item() <= 1e-4
+    ours_state, back = net.state_dict(), adapter.from_hf(hf_state)
+    assert back.keys() == ours_state.keys() and all(torch.equal(back[k], ours_state[k]) for k in back)
+
+
+def test_why_deepseek_v3_is_not_transformers_own(builtin_assets):
+    """Each way transformers' DeepseekV3 computes otherwise, named in one line: softmax
+    routing, scores before the experts, the MLA norms' fixed ε, the final norm's machine ε."""
+    import dataclasses
+
+    from gamma_titan.models.titan.deepseek_v3 import transformers_mismatch
+
+    _, args = titan_args("deepseek_v3", "--gamma.attention_gate", "none", "--gamma.norm_eps", "1e-6")
+    sigmoid = dataclasses.replace(args, moe_args=dataclasses.replace(args.moe_args, score_func="sigmoid"))
+    assert transformers_mismatch(sigmoid) is None
+    assert transformers_mismatch(args) == "transformers' DeepseekV3 routes by sigmoid, this flavor by softmax"
+    before = dataclasses.replace(sigmoid, moe_args=dataclasses.replace(sigmoid.moe_args, score_before_experts=True))
+    assert "scales each expert's output by its score" in transformers_mismatch(before)
+    assert transformers_mismatch(dataclasses.replace(sigmoid, norm_eps=1e-5, every_norm_eps=1e-5)) == (
+        "transformers' DeepseekV3 fixes the MLA norms' ε at 1e-06 and its final norm's at rms_norm_eps; this "
+        "model's are 1e-05 and 1e-05 (gamma.norm_eps = 1e-6 matches it)")
+    assert "are 1e-06 and the dtype's machine epsilon" in transformers_mismatch(
+        dataclasses.replace(sigmoid, every_norm_eps=None))
+
+
+@pytest.mark.parametrize("case", ["gated, long", "V3 routing, ε 1e-6"])
+def test_deepseek_v3_checkpoints_save_and_load_in_hf(case, tmp_path, builtin_assets):
+    """TorchTitan's own HF path with either form: `checkpoint.last_save_in_hf` writes a
+    folder transformers loads with the model's logits, and `checkpoint.initial_load_in_hf`
+    starts a run from it with the same weights, bitwise."""
+    transformers = pytest.importorskip("transformers")
+    from helpers import hf_checkpointer
+
+    gate, eps, shape, moe, hf_class, _ = DEEPSEEK_HF_CASES[case]
+    args, net = small_deepseek_v3(gate, eps, shape, moe)
+    saver = hf_checkpointer(tmp_path, "checkpoint", net, "deepseek_v3", args, builtin_assets[1],
+                            last_save_model_only=True, last_save_in_hf=True)
+    saver.save(2, last_step=True)
+    step = tmp_path / "checkpoint" / "step-2"
+    hf = transformers.AutoModelForCausalLM.from_pretrained(step, dtype=torch.float32, trust_remote_code=True)
+    assert type(hf).__name__ == hf_class
+    tokens = torch.randint(0, args.vocab_size, (2, 48), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (net(tokens) - hf(tokens).logits).abs().max().item() <= 1e-4
+    _, fresh = small_deepseek_v3(gate, eps, shape, moe)
+    with torch.no_grad():
+        for t in fresh.parameters():
+            t.mul_(0.5)  # different weights before the load
+    loader = hf_checkpointer(tmp_path, "new-run", fresh, "deepseek_v3", args, builtin_assets[1],
+                             initial_load_path=str(step), initial_load_in_hf=True)
+    assert loader.load()
+    ours, loaded = net.state_dict(), fresh.state_dict()
+    assert ours.keys() == loaded.keys() and all(torch.equal(ours[k], loaded[k]) for k in ours)

@@ -11,16 +11,19 @@ from titan_cases import CALM, SMALL_BATCH, TITAN_CONFIGS
 
 
 HF_CLASSES = {("llama3", "none"): "LlamaForCausalLM", ("llama3", "elementwise"): "GammaForCausalLM",
-              ("qwen3", "none"): "Qwen3ForCausalLM", ("qwen3", "elementwise"): "GammaForCausalLM"}
+              ("qwen3", "none"): "Qwen3ForCausalLM", ("qwen3", "elementwise"): "GammaForCausalLM",
+              ("deepseek_v3", "elementwise"): "GammaForCausalLM"}
 
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("model, gate", sorted(HF_CLASSES))
-def test_trained_checkpoint_converts_to_hf_with_the_same_logits(model, gate, titan_run, tmp_path):
+def test_trained_checkpoint_converts_to_hf_with_the_same_logits(model, gate, titan_run, tmp_path, capsys):
     """A trained checkpoint: without the gate TorchTitan's mapping to transformers' own class
     (Llama, Qwen3; ε = 1e-12 in its config), with it our GammaForCausalLM (Llama 3.1 RoPE
-    scaling, Qwen's q/k norms, head width and tied head included); transformers' logits
-    equal the model's to 1e-4."""
+    scaling, Qwen's q/k norms, head width and tied head, DeepSeek's MLA, trained expert bias
+    and softmax routing included), which `convert` names with its reason; transformers'
+    logits equal the model's to 1e-4. (deepseek_v3's ungated and sigmoid-routed forms:
+    test_titan.py, on random weights.)"""
     transformers = pytest.importorskip("transformers")
     from gamma_titan.convert.dcp_io import load_model_state
     from gamma_titan.convert.hf import to_hf
@@ -32,7 +35,9 @@ def test_trained_checkpoint_converts_to_hf_with_the_same_logits(model, gate, tit
     assert name == model and args.attention_gate == gate and args.init.rate == 1.0
     net = TRAIN_SPECS[model].model_cls(args)
     net.load_state_dict(load_model_state(step))
-    folder = to_hf(step, tmp_path / "hf", progress=False)
+    folder = to_hf(step, tmp_path / "hf", progress=True)
+    note = f"{model} -> GammaForCausalLM (load with trust_remote_code=True): the attention gate"
+    assert (note in capsys.readouterr().err) == (gate != "none")
     config = json.loads((folder / "config.json").read_text())
     hf_class = HF_CLASSES[model, gate]
     assert config["architectures"] == [hf_class] and config["rms_norm_eps"] == 1e-12

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -70,6 +71,9 @@ def to_hf(checkpoint: str | Path, out: str | Path, *, dtype: str = "fp32", overw
     name, args, record = read_model_record(checkpoint)
     adapter = family_adapter(name)(args, None)
     adapter.hf_config()  # a model with no HF form is refused before anything is read or written
+    if progress and getattr(adapter, "package_reason", None):
+        print(f"{name} -> GammaForCausalLM (load with trust_remote_code=True): {adapter.package_reason}",
+              file=sys.stderr)
     tokenizer_dir = Path(tokenizer or record.get("tokenizer") or "")
     if not (tokenizer_dir / "tokenizer.json").is_file():
         raise ConfigError(f"--tokenizer: {tokenizer_dir} has no tokenizer.json (model.json names the run's "

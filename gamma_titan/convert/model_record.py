@@ -23,9 +23,15 @@ MODEL_FILE = "model.json"
 FORMAT = "gamma-titan-model"
 
 
+def _public_fields(obj) -> dict[str, Any]:
+    """A dataclass's fields, nested ones as dicts, without the private ones (TorchTitan's
+    `_debug_force_load_balance`: a training switch, not the model a converter rebuilds)."""
+    return {f.name: _public_fields(v) if dataclasses.is_dataclass(v := getattr(obj, f.name)) else v
+            for f in dataclasses.fields(obj) if not f.name.startswith("_")}
+
+
 def model_record(model_name: str, flavor: str, args, tokenizer_dir: str | Path | None) -> dict[str, Any]:
-    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if not f.name.startswith("_")}
-    fields = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in fields.items()}
+    fields = _public_fields(args)
     return {"format": FORMAT, "version": 1, "model": model_name, "flavor": flavor, "args": fields,
             "tokenizer": str(tokenizer_dir) if tokenizer_dir else None}
 

@@ -104,6 +104,8 @@ class GammaCheckpointManager(CheckpointManager):
 
                 write_hf_files(self._create_checkpoint_id(curr_step), self.model_record["model"], self.sd_adapter,
                                self.model_record["tokenizer"], self.export_dtype)
+                if getattr(self.sd_adapter, "package_reason", None):
+                    logger.info(f"Hugging Face save: GammaForCausalLM ({self.sd_adapter.package_reason})")
 
     def _purge_stale_checkpoints(self) -> None:
         purge_keeping_complete(self)  # TorchTitan's own counts every step-N folder, complete or not

@@ -18,9 +18,19 @@ class GammaConfig(PretrainedConfig):
                  n_routed_experts=0, n_shared_experts=0, num_experts_per_tok=1, moe_intermediate_size=0,
                  n_dense_layers=0, score_func="sigmoid", route_norm=True, route_scale=1.0, expert_bias=False,
                  score_before_experts=True,
+                 # node-limited routing: experts in num_expert_groups groups, a token's top-k taken
+                 # from the num_limited_groups groups whose two best scores sum highest; None: all
+                 num_expert_groups=None, num_limited_groups=None, router_bias=False,
                  # Llama 3.1 RoPE scaling: {factor, low_freq_factor, high_freq_factor,
                  # original_max_position_embeddings}; None: plain RoPE
-                 llama3_rope_scaling=None, **kwargs):
+                 llama3_rope_scaling=None,
+                 # DeepSeek's YaRN: {factor, original_max_position_embeddings, beta_fast, beta_slow,
+                 # mscale}; None: plain RoPE
+                 yarn_rope_scaling=None,
+                 # RoPE on adjacent channel pairs (DeepSeek, TorchTitan's complex RoPE), not halves
+                 rope_interleave=False,
+                 # the final norm's ε: None = rms_norm_eps; "dtype" = the input dtype's machine epsilon
+                 final_norm_eps=None, **kwargs):
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers
@@ -41,6 +51,11 @@ class GammaConfig(PretrainedConfig):
         self.n_dense_layers, self.score_func = n_dense_layers, score_func
         self.route_norm, self.route_scale, self.expert_bias = route_norm, route_scale, expert_bias
         self.score_before_experts = score_before_experts  # weight each expert's input (else its output)
+        self.num_expert_groups, self.num_limited_groups = num_expert_groups, num_limited_groups
+        self.router_bias = router_bias  # the router's linear map has a bias
         self.llama3_rope_scaling = llama3_rope_scaling
+        self.yarn_rope_scaling = yarn_rope_scaling
+        self.rope_interleave = rope_interleave
+        self.final_norm_eps = final_norm_eps
         kwargs.setdefault("tie_word_embeddings", False)
         super().__init__(**kwargs)

@@ -2,7 +2,8 @@
 (trust_remote_code).
 
 Written by `gamma-titan convert to-hf`; needs only torch and transformers. The same model
-as gamma_titan.models.dense / .moe, top to bottom:
+as gamma_titan.models.dense / .moe (and TorchTitan's llama3, qwen3 and deepseek_v3 with
+the paper's knobs), top to bottom:
 
     h = embed(tokens)
     h = h + Wo( gate(x) * attention(RoPE(Wq x), RoPE(Wk x), Wv x) ),  x = RMSNorm(h)
@@ -11,12 +12,17 @@ as gamma_titan.models.dense / .moe, top to bottom:
 
 gate(x) = sigmoid(Wg x), one value per head ("headwise") or per channel ("elementwise"),
 or 1 ("none"). FFN is SwiGLU, W2(silu(W1 x) * W3 x), or (MoE layers) shared SwiGLU experts
-plus the top-k routed experts, each fed the token scaled by its router score, as
-TorchTitan's MoE computes it. RMSNorm keeps the trained ε (often 1e-12). RoPE rotates
-channel halves ("rotate half"), with Llama 3.1's scaling when `llama3_rope_scaling` says so (a
-TorchTitan llama3 with the gate). No KV cache:
-generation recomputes the prefix, which is exact and fine for evaluation.
+plus the top-k routed experts (optionally only from the best `num_limited_groups` expert
+groups), each fed the token scaled by its router score or scaled after it, as TorchTitan's
+MoE computes it. RMSNorm keeps the trained ε (often 1e-12; the final norm may have its
+own). RoPE rotates channel halves ("rotate half"), or adjacent channel pairs when
+`rope_interleave` says so (DeepSeek's layout), with Llama 3.1's scaling (`llama3_rope_scaling`)
+or DeepSeek's YaRN (`yarn_rope_scaling`, which also sharpens the attention softmax) where
+the trained model had it. No KV cache: generation recomputes the prefix, which is exact
+and fine for evaluation.
 """
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -40,16 +46,46 @@ def llama3_scaled(inv_freq, scaling):
     return torch.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
 
 
-def rope_angles(head_dim, positions, theta, scaling=None):
+def yarn_scaled(inv_freq, yarn, theta):
+    """DeepSeek's YaRN (TorchTitan's deepseek_v3 applies it when trained beyond
+    `original_max_position_embeddings`): frequencies that turn more than `beta_fast` times
+    over the original context are kept, those under `beta_slow` divided by `factor`, a
+    linear ramp between."""
+    dim = 2 * inv_freq.numel()
+
+    def correction_dim(rotations):
+        return dim * math.log(yarn["original_max_position_embeddings"] / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low = max(math.floor(correction_dim(yarn["beta_fast"])), 0)
+    high = min(math.ceil(correction_dim(yarn["beta_slow"])), dim - 1)
+    span = high - low if high != low else 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32, device=inv_freq.device) - low) / span).clamp(0, 1)
+    return inv_freq / yarn["factor"] * ramp + inv_freq * (1 - ramp)
+
+
+def yarn_softmax_factor(yarn):
+    """How much YaRN sharpens the attention softmax: mscale² with mscale = 0.1·m·ln(factor) + 1."""
+    mscale = 0.1 * yarn["mscale"] * math.log(yarn["factor"]) + 1.0
+    return mscale * mscale
+
+
+def rope_angles(head_dim, positions, theta, scaling=None, yarn=None):
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
     if scaling is not None:
         inv_freq = llama3_scaled(inv_freq, scaling)
+    if yarn is not None:
+        inv_freq = yarn_scaled(inv_freq, yarn, theta)
     angles = positions.float()[..., None] * inv_freq  # (batch, seq, head_dim / 2)
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos()[:, :, None, :], angles.sin()[:, :, None, :]  # broadcast over heads
 
 
-def apply_rope(x, cos, sin):
+def apply_rope(x, cos, sin, interleave=False):
+    if interleave:  # channels (2i, 2i + 1) rotate together by angle i; the layout stays interleaved
+        half = cos.shape[-1] // 2
+        cos, sin = cos[..., :half], sin[..., :half]
+        x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
+        return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2).type_as(x)
     x1, x2 = x.float().chunk(2, dim=-1)
     return (x.float() * cos + torch.cat([-x2, x1], dim=-1) * sin).type_as(x)
 
@@ -62,6 +98,7 @@ class GatedHeads(nn.Module):
         d, heads = config.hidden_size, config.num_attention_heads
         self.gate = config.attention_gate
         self.wo = nn.Linear(heads * value_dim, d, bias=False)
+        self.scale = None  # SDPA's 1/sqrt(query width), unless a subclass sets another
         if self.gate != "none":
             self.gate_width = value_dim if self.gate == "elementwise" else 1
             self.gate_proj = nn.Linear(d, heads * self.gate_width, bias=False)
@@ -72,9 +109,9 @@ class GatedHeads(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         gqa = k.shape[1] != q.shape[1]
         if mask is None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa, scale=self.scale)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa, scale=self.scale)
         out = out.transpose(1, 2)  # (bs, seq, heads, value_dim)
         if self.gate != "none":
             out = out * torch.sigmoid(self.gate_proj(x)).view(bs, seq, -1, self.gate_width)
@@ -124,14 +161,17 @@ class GammaMLA(GatedHeads):
         self.kv_norm = nn.RMSNorm(c.kv_lora_rank, eps=c.rms_norm_eps)
         self.wkv_b = nn.Linear(c.kv_lora_rank, heads * (self.nope + self.v_dim), bias=False)
         self._init_output(config, self.v_dim)
+        self.interleave = c.rope_interleave
+        if c.yarn_rope_scaling is not None:
+            self.scale = self.qk_dim ** -0.5 * yarn_softmax_factor(c.yarn_rope_scaling)
 
     def forward(self, x, cos, sin, mask):
         bs, seq, _ = x.shape
         q = self.wq(x) if hasattr(self, "wq") else self.wq_b(self.q_norm(self.wq_a(x)))
         q_nope, q_rope = q.view(bs, seq, -1, self.qk_dim).split([self.nope, self.rope_dim], dim=-1)
-        q = torch.cat([q_nope, apply_rope(q_rope, cos, sin)], dim=-1)
+        q = torch.cat([q_nope, apply_rope(q_rope, cos, sin, self.interleave)], dim=-1)
         latent, k_rope = self.wkv_a(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
-        k_rope = apply_rope(k_rope.unsqueeze(2), cos, sin)
+        k_rope = apply_rope(k_rope.unsqueeze(2), cos, sin, self.interleave)
         k_nope, v = self.wkv_b(self.kv_norm(latent)).view(bs, seq, -1, self.nope + self.v_dim).split(
             [self.nope, self.v_dim], dim=-1)
         k = torch.cat([k_nope, k_rope.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)
@@ -152,7 +192,7 @@ class GammaFeedForward(nn.Module):
 class GammaRouter(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.gate = nn.Linear(config.hidden_size, config.n_routed_experts, bias=False)
+        self.gate = nn.Linear(config.hidden_size, config.n_routed_experts, bias=config.router_bias)
 
 
 class GammaExperts(nn.Module):
@@ -184,6 +224,12 @@ class GammaMoE(nn.Module):
         logits = self.router.gate(x).float()
         scores = torch.sigmoid(logits) if c.score_func == "sigmoid" else F.softmax(logits, dim=-1)
         choice = scores + self.expert_bias if hasattr(self, "expert_bias") else scores
+        if c.num_expert_groups:  # node-limited: only the groups with the best two scores each
+            grouped = choice.view(-1, c.num_expert_groups, c.n_routed_experts // c.num_expert_groups)
+            best = torch.topk(grouped.topk(2, dim=-1).values.sum(dim=-1), k=c.num_limited_groups, dim=-1,
+                              sorted=False).indices
+            dropped = torch.ones(grouped.shape[:2], dtype=torch.bool, device=x.device).scatter_(1, best, False)
+            choice = grouped.masked_fill(dropped.unsqueeze(-1), float("-inf")).view(-1, c.n_routed_experts)
         chosen = torch.topk(choice, k=c.num_experts_per_tok, dim=-1, sorted=False).indices
         weights = scores.gather(1, chosen)
         if c.route_norm:
@@ -234,7 +280,9 @@ class GammaModel(GammaPreTrainedModel):
         super().__init__(config)
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(GammaBlock(config, i) for i in range(config.num_hidden_layers))
-        self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        final_eps = config.rms_norm_eps if config.final_norm_eps is None else config.final_norm_eps
+        # "dtype": PyTorch's RMSNorm default, the input dtype's machine epsilon (TorchTitan's deepseek_v3)
+        self.norm = nn.RMSNorm(config.hidden_size, eps=None if final_eps == "dtype" else final_eps)
         self.post_init()
 
     def forward(self, input_ids, attention_mask=None, position_ids=None):
@@ -250,7 +298,7 @@ class GammaModel(GammaPreTrainedModel):
             position_ids = torch.arange(seq, device=input_ids.device).expand(bs, seq)
         c = self.config
         rope_dim = c.qk_rope_head_dim if c.attention == "mla" else c.head_dim
-        cos, sin = rope_angles(rope_dim, position_ids, c.rope_theta, c.llama3_rope_scaling)
+        cos, sin = rope_angles(rope_dim, position_ids, c.rope_theta, c.llama3_rope_scaling, c.yarn_rope_scaling)
         h = self.tok_embeddings(input_ids)
         for layer in self.layers:
             h = layer(h, cos, sin, mask)

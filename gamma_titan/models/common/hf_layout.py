@@ -44,6 +44,9 @@ class HFStateDictAdapter(StateDictAdapter):
     """
 
     HF_MODEL_TYPES: ClassVar[tuple[str, ...]] = ()
+    #: why the model is written as GammaForCausalLM rather than a transformers class of its own
+    #: (TorchTitan's families set it per model; ours have no other class)
+    package_reason: str | None = None
 
     def __init__(self, model_args, hf_assets_path: str | None):
         # The base class reads the safetensors index under hf_assets_path (how to shard an HF

@@ -30,7 +30,7 @@ from gamma_titan.models.common.sdpa import AttentionShape
 from gamma_titan.models.common.shapes import HeadShape
 from gamma_titan.training.train_spec import with_our_components
 
-from .hf import GATE_HF, GATE_TITAN, inverse, renamed
+from .hf import GATE_HF, GATE_TITAN, inverse, package_reason, renamed
 from .knobs import GateProjection, TitanArgs, TitanKnobs
 
 
@@ -124,7 +124,8 @@ class Llama3Adapter(Llama3StateDictAdapter):
 
     def __init__(self, model_args: Llama3Args, hf_assets_path: str | None):
         super().__init__(model_args, hf_assets_path)
-        self.gated = model_args.attention_gate != "none"
+        self.package_reason = package_reason(model_args, None)  # every TorchTitan Llama is a transformers Llama
+        self.gated = self.package_reason is not None
         if self.gated:
             self.from_hf_map[GATE_HF] = GATE_TITAN
 

@@ -34,7 +34,7 @@ from gamma_titan.models.common.hf_layout import GAMMA_ARCHITECTURE, gamma_from_h
 from gamma_titan.models.common.sdpa import AttentionShape
 from gamma_titan.training.train_spec import with_our_components
 
-from .hf import GATE_HF, GATE_TITAN
+from .hf import gamma_moe_config, package_reason
 from .knobs import GateProjection, TitanArgs, TitanKnobs, local
 
 
@@ -133,23 +133,40 @@ def parallelize(model: nn.Module, parallel_dims, job_config):
     return parallelize_qwen3(model, parallel_dims, job_config)
 
 
+def transformers_mismatch(a: Qwen3Args) -> str | None:
+    """What transformers' Qwen3ForCausalLM / Qwen3MoeForCausalLM would compute otherwise
+    than this model (None: nothing): they always norm q and k, and Qwen3Moe routes by
+    softmax to scaled expert outputs, without shared experts, router bias or groups."""
+    if not a.qk_norm:
+        return "transformers' Qwen3 norms each head's query and key; this flavor does not"
+    moe = a.moe_args
+    if a.moe_enabled and (moe.score_func, moe.num_shared_experts, moe.route_scale, moe.score_before_experts,
+                          moe.gate_bias, moe.num_expert_groups) != ("softmax", 0, 1.0, False, False, None):
+        return ("transformers' Qwen3Moe routes by softmax to scaled expert outputs, without shared experts, router "
+                "bias or expert groups; this flavor's MoE differs")
+    return None
+
+
 class Qwen3Adapter(Qwen3StateDictAdapter):
-    """Hugging Face form: ungated, TorchTitan's own mapping to transformers'
-    `Qwen3ForCausalLM` / `Qwen3MoeForCausalLM`. Gated, the project's `GammaForCausalLM`
-    (convert/hf_package), which has the gate, the q/k norms and the head width: TorchTitan's
-    names under "model." (Qwen 3 already rotates halves, as GammaForCausalLM does), a
-    tied output head written out as its own tensor."""
+    """Hugging Face form: transformers' `Qwen3ForCausalLM` / `Qwen3MoeForCausalLM` through
+    TorchTitan's own mapping where they compute exactly this model (`transformers_mismatch`,
+    no gate); otherwise the project's `GammaForCausalLM` (convert/hf_package), which has the
+    gate, the q/k norms, the head width and TorchTitan's MoE variants: TorchTitan's names
+    under "model." (Qwen 3 already rotates halves, as GammaForCausalLM does), a tied output
+    head written out as its own tensor."""
 
     HF_MODEL_TYPES = ()  # training reads HF through TorchTitan's initial_load_in_hf
 
     def __init__(self, model_args: Qwen3Args, hf_assets_path: str | None):
         super().__init__(model_args, hf_assets_path)
-        self.gated = model_args.attention_gate != "none"
-        if self.gated:
-            self.from_hf_map[GATE_HF] = GATE_TITAN
+        self.package_reason = package_reason(model_args, transformers_mismatch(model_args))
 
     def to_hf(self, state_dict: dict[str, Any]) -> dict[str, Any]:
-        if not self.gated:
+        if self.package_reason is None:
+            for key, bias in state_dict.items():  # TorchTitan's mapping drops it: it must not matter
+                if key.endswith("moe.expert_bias") and bool(local(bias).any()):
+                    raise ConfigError(f"{key}: not zero, and transformers' Qwen3Moe routes without an expert bias "
+                                      "(TorchTitan's qwen3 optimizers never update it)")
             return super().to_hf(state_dict)
         state = dict(state_dict)
         if self.model_args.enable_weight_tying:
@@ -157,7 +174,7 @@ class Qwen3Adapter(Qwen3StateDictAdapter):
         return gamma_to_hf(state)
 
     def from_hf(self, hf_state_dict: dict[str, Any]) -> dict[str, Any]:
-        if not self.gated:
+        if self.package_reason is None:
             return super().from_hf(hf_state_dict)
         state = gamma_from_hf(hf_state_dict, "qwen3")
         if self.model_args.enable_weight_tying:
@@ -166,30 +183,20 @@ class Qwen3Adapter(Qwen3StateDictAdapter):
 
     def hf_config(self) -> dict[str, Any]:
         a = self.model_args
-        if not a.qk_norm:
-            raise ConfigError("model.flavor: a qwen3 flavor without qk_norm has no Hugging Face class")
         shape = {"vocab_size": a.vocab_size, "hidden_size": a.dim, "num_hidden_layers": a.n_layers,
                  "num_attention_heads": a.n_heads, "num_key_value_heads": a.kv_heads, "head_dim": a.head_dim,
                  "intermediate_size": a.hidden_dim, "rms_norm_eps": a.norm_eps,
                  "max_position_embeddings": a.max_seq_len, "rope_theta": a.rope_theta}
         moe = a.moe_args
-        experts = {"n_routed_experts": moe.num_experts, "n_shared_experts": moe.num_shared_experts,
-                   "num_experts_per_tok": moe.top_k, "moe_intermediate_size": a.moe_inter_dim,
-                   "score_func": moe.score_func, "route_norm": moe.route_norm, "route_scale": moe.route_scale,
-                   "expert_bias": moe.load_balance_coeff is not None,
-                   "score_before_experts": moe.score_before_experts} if a.moe_enabled else {}
-        if self.gated:
-            return {**GAMMA_ARCHITECTURE, **shape, **experts, "qk_norm": True, "attention_gate": a.attention_gate,
-                    "tie_word_embeddings": False}
+        if self.package_reason is not None:
+            experts = gamma_moe_config(moe, a.moe_inter_dim) if a.moe_enabled else {}
+            return {**GAMMA_ARCHITECTURE, **shape, **experts, "qk_norm": a.qk_norm,
+                    "attention_gate": a.attention_gate, "tie_word_embeddings": False}
         common = {**shape, "hidden_act": "silu", "attention_bias": False, "use_sliding_window": False,
                   "tie_word_embeddings": a.enable_weight_tying,
                   "rope_parameters": {"rope_type": "default", "rope_theta": a.rope_theta}}
         if not a.moe_enabled:
             return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", **common}
-        if (moe.score_func, moe.num_shared_experts, moe.route_scale, moe.score_before_experts) != (
-                "softmax", 0, 1.0, False):
-            raise ConfigError("model.flavor: transformers' Qwen3Moe routes by softmax without shared experts; "
-                              "this flavor's MoE differs (gate it to export GammaForCausalLM)")
         return {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", **common,
                 "num_experts": moe.num_experts, "num_experts_per_tok": moe.top_k,
                 "moe_intermediate_size": a.moe_inter_dim, "norm_topk_prob": moe.route_norm,
