@@ -14,6 +14,7 @@ from helpers import REPO
 pytestmark = pytest.mark.multiprocess
 
 CHECKS = ["kernels", "inspect_moe", "dense_bf16", "moe_mla_bf16", "dense_float8", "sigterm_drill"]
+TWO_GPU = ["titan_cp2", "qwen3_tp2", "deepseek_ep2"]  # skipped without 2 GPUs
 
 
 def test_dry_run_passes_every_check_and_never_overwrites(tmp_path, builtin_assets):
@@ -22,17 +23,16 @@ def test_dry_run_passes_every_check_and_never_overwrites(tmp_path, builtin_asset
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith(("PASS", "FAIL", "SKIP"))]
-    assert [line.split()[1] for line in lines] == [*CHECKS, "titan_cp2", "qwen3_tp2"]
-    assert all(line.startswith("PASS ") for line in lines[:-2])
+    assert [line.split()[1] for line in lines] == [*CHECKS, *TWO_GPU]
+    assert all(line.startswith("PASS ") for line in lines[:-3])
     # context parallelism and qwen3's TP need 2 GPUs (no DTensor rule for the CPU's SDPA
-    # kernels): skipped, not failed
-    assert lines[-2:] == ["SKIP  titan_cp2      needs 2 CUDA devices, a CPU here",
-                          "SKIP  qwen3_tp2      needs 2 CUDA devices, a CPU here"]
-    assert "6/6 passed (2 skipped)" in proc.stdout
+    # kernels), and so does TorchTitan's expert parallelism (a Triton kernel): skipped, not failed
+    assert lines[-3:] == [f"SKIP  {name:<14} needs 2 CUDA devices, a CPU here" for name in TWO_GPU]
+    assert "6/6 passed (3 skipped)" in proc.stdout
 
     report = json.loads(out.read_text())
-    assert report["dry_run"] and report["passed"] and list(report["checks"]) == [*CHECKS, "titan_cp2", "qwen3_tp2"]
-    for name in ("titan_cp2", "qwen3_tp2"):
+    assert report["dry_run"] and report["passed"] and list(report["checks"]) == [*CHECKS, *TWO_GPU]
+    for name in TWO_GPU:
         assert report["checks"][name] == {"passed": None, "figure": "needs 2 CUDA devices, a CPU here",
                                           "skipped": True}
     checks = report["checks"]

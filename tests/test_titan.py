@@ -1,7 +1,9 @@
 """The paper's knobs on TorchTitan's own models (gamma_titan/models/titan), without training:
 with them every weight follows the γ rule, every RMSNorm has the ε, and the gate computes
-what a naive reference computes; unset, TorchTitan's choices stay; what a CPU cannot run
-is refused in one line. The trainer runs are in test_titan_bitwise.py and test_titan_runs.py."""
+what a naive reference computes; unset, TorchTitan's choices stay; each converts to
+Hugging Face (transformers' own class where it is exact, GammaForCausalLM otherwise) with
+the same logits; what a CPU cannot run is refused in one line. The trainer runs are in
+test_titan_bitwise.py and test_titan_runs.py."""
 
 import math
 
@@ -194,15 +196,22 @@ def test_context_parallel_on_a_cpu_is_refused_in_one_line(builtin_assets):
 
 def test_what_cannot_run_on_a_cpu_is_refused_in_one_line(builtin_assets):
     """qwen3: its TP plan hands SDPA sharded DTensors (no CPU kernel rule), and TorchTitan
-    gives it no pipelining function; both refused before any process group starts."""
+    gives it no pipelining function; qwen3 MoE and deepseek_v3: TorchTitan's expert
+    parallelism permutes tokens with a Triton kernel. Each refused before any process group
+    starts (measured otherwise: deepseek_v3 EP 2 failed at its first forward)."""
     from gamma_titan.errors import ConfigError
     from gamma_titan.training.preflight import preflight
 
-    def refusal(*overrides: str) -> str:
-        config = load_job_config(["--job.config_file", str(TITAN_CONFIGS["qwen3"]), *overrides])
+    def refusal(*overrides: str, model: str = "qwen3") -> str:
+        config = load_job_config(["--job.config_file", str(TITAN_CONFIGS[model]), *overrides])
         with pytest.raises(ConfigError) as err:
             preflight(config, world_size=2)
         return str(err.value)
+
+    for model, flavor in (("qwen3", ("--model.flavor", "debugmodel_moe")), ("deepseek_v3", ())):
+        assert refusal("--parallelism.expert_parallel_degree", "2", *flavor, model=model) == (
+            f"parallelism.expert_parallel_degree = 2: {model}'s expert parallelism (TorchTitan's) orders tokens "
+            "with a Triton kernel, which needs CUDA; use 1 on this machine")
 
     assert refusal("--parallelism.tensor_parallel_degree", "2") == (
         "parallelism.tensor_parallel_degree = 2: qwen3's tensor parallelism shards SDPA's inputs, which needs "

@@ -26,6 +26,9 @@ each check's log next to it in `<out>_logs/`):
                 and is skipped (SKIP, not a failure) with fewer.
   qwen3_tp2     TorchTitan's qwen3 with the knobs, tensor parallel 2 against 1 (its TP plan
                 hands SDPA sharded DTensors, which CPU kernels cannot take); 2 GPUs, as above.
+  deepseek_ep2  TorchTitan's deepseek_v3 with the knobs, expert parallel 2 (2 data-parallel
+                ranks) against 1 GPU accumulating the same global batch in 2 microbatches
+                (TorchTitan's token permutation is a Triton kernel); 2 GPUs, as above.
 
 On one GPU the configs' pinned global batch would be all gradient accumulation, so the
 training checks train `local_batch_size` sequences per step. Each training check's
@@ -69,7 +72,7 @@ class Setup:
         ("configs/moe/3B-A0.5B.toml", "3B-A0.5B-mla"), ("configs/moe/16B-A2.4B.toml", None)])
     timeouts: dict[str, int] = field(default_factory=lambda: {
         "inspect": 25, "dense_bf16": 120, "moe_mla_bf16": 120, "dense_float8": 110, "sigterm_drill": 90,
-        "titan_cp2": 120, "qwen3_tp2": 180})
+        "titan_cp2": 120, "qwen3_tp2": 180, "deepseek_ep2": 180})
     #: Step 1's loss against `first_step_loss`, relative. The formula's own error is the
     #: sampling noise of one batch's label logits, ~σ/sqrt(tokens) absolute: at most 1.1e-3
     #: measured over 15 debug-shape batches (d 256, 256 to 2048 tokens; the init models'
@@ -264,11 +267,18 @@ def sigterm_drill(setup: Setup) -> Check:
 
 
 #: Checks on 2 GPUs of TorchTitan's models with γ-init, ε and the gate (configs/titan/):
-#: name -> (config, the [parallelism] degree split 2 ways). PyTorch's CPU SDPA kernels have
-#: no DTensor sharding rule, so these layouts cannot run on a CPU.
+#: name -> (config, the [parallelism] degree split 2 ways, settings of both runs). PyTorch's
+#: CPU SDPA kernels have no DTensor sharding rule, and TorchTitan's expert parallelism permutes
+#: tokens with a Triton kernel, so these layouts cannot run on a CPU. Expert parallelism
+#: borrows the data-parallel ranks: one GPU accumulates the same global batch instead, at
+#: the calm settings of tests/titan_cases.py (lr 3e-4, round-robin routing), under which
+#: the CPU's deepseek_v3 TP 2 and PP 2 matched one process to 4e-5.
 TWO_GPU_CHECKS = {
-    "titan_cp2": ("configs/titan/llama3_debug.toml", "context_parallel_degree"),
-    "qwen3_tp2": ("configs/titan/qwen3_debug.toml", "tensor_parallel_degree"),
+    "titan_cp2": ("configs/titan/llama3_debug.toml", "context_parallel_degree", ()),
+    "qwen3_tp2": ("configs/titan/qwen3_debug.toml", "tensor_parallel_degree", ()),
+    "deepseek_ep2": ("configs/titan/deepseek_v3_debug.toml", "expert_parallel_degree",
+                     ("--training.global_batch_size", "16", "--optimizer.lr", "3e-4",
+                      "--debug.moe_force_load_balance", "true")),
 }
 
 
@@ -281,12 +291,12 @@ def two_gpu_check(setup: Setup, name: str) -> Check:
     if setup.dry_run or torch.cuda.device_count() < 2:
         found = "a CPU" if setup.dry_run else f"{torch.cuda.device_count()} GPU"
         return Check(name, None, f"needs 2 CUDA devices, {found} here", {"skipped": True})
-    config, degree = TWO_GPU_CHECKS[name]
+    config, degree, settings = TWO_GPU_CHECKS[name]
     runs = {}
     for n in (1, 2):
         dump = setup.dumps / f"{name}_{n}"
         argv = train_argv(setup, config, dump, setup.steps, f"--parallelism.{degree}", str(n),
-                          "--gamma.diagnostics.enable", "false")
+                          "--gamma.diagnostics.enable", "false", *settings)
         argv[argv.index("--nproc") + 1] = str(n)
         code, log = run_logged(argv, setup.logs / f"{name}_{n}.log", setup.timeouts[name])
         runs[n] = [r["loss"] for r in metrics(dump)]

@@ -61,6 +61,12 @@ def check_parallelism(config, world_size: int, args) -> None:
     if ep > 1 and args.expert_parallel_divisor() == 1:
         raise ConfigError(f"parallelism.expert_parallel_degree = {ep} applies to MoE models; "
                           f"{config.model.name} needs 1")
+    if ep > 1 and args.expert_parallel_needs_cuda() and not torch.cuda.is_available():
+        # Measured (TorchTitan's deepseek_v3, EP 2, gloo): the first forward fails in the Triton
+        # kernel that permutes the received tokens ("0 active drivers"). tools/gpu_check.sh runs it.
+        raise ConfigError(f"parallelism.expert_parallel_degree = {ep}: {config.model.name}'s expert parallelism "
+                          "(TorchTitan's) orders tokens with a Triton kernel, which needs CUDA; use 1 on this "
+                          "machine")
     args.check_parallelism(p)
     non_dp = p.tensor_parallel_degree * p.context_parallel_degree * p.data_parallel_replicate_degree
     shard = p.data_parallel_shard_degree

@@ -51,10 +51,10 @@ def yarn_scaled(inv_freq, yarn, theta):
     `original_max_position_embeddings`): frequencies that turn more than `beta_fast` times
     over the original context are kept, those under `beta_slow` divided by `factor`, a
     linear ramp between."""
-    dim = 2 * inv_freq.numel()
+    dim, original = 2 * inv_freq.numel(), yarn["original_max_position_embeddings"]
 
-    def correction_dim(rotations):
-        return dim * math.log(yarn["original_max_position_embeddings"] / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+    def correction_dim(rotations):  # the channel whose frequency turns `rotations` times over `original`
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
 
     low = max(math.floor(correction_dim(yarn["beta_fast"])), 0)
     high = min(math.ceil(correction_dim(yarn["beta_slow"])), dim - 1)

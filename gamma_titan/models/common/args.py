@@ -90,6 +90,11 @@ class GammaArgs(BaseModelArgs):
         rank's local heads): PyTorch has sharding rules for the CUDA SDPA kernels only."""
         return False
 
+    def expert_parallel_needs_cuda(self) -> bool:
+        """Whether the family's expert parallelism orders the dispatched tokens with a Triton
+        kernel (TorchTitan's), which needs a CUDA device."""
+        return False
+
     def expert_parallel_divisor(self) -> int:
         """What an expert-parallel degree must divide (the routed experts); 1: the model
         has no experts, so expert parallelism does not apply."""

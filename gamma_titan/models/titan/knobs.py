@@ -94,6 +94,9 @@ class TitanArgs(GammaArgs):
     def supports_context_parallel(self) -> bool:
         return True
 
+    def expert_parallel_needs_cuda(self) -> bool:
+        return True  # TorchTitan's ExpertParallel: no CPU path for its token permutation
+
     def hidden_var_at_init(self) -> float:
         """σ²(h) at the first norm: the embedding's variance, d^(−2γ) under γ-init, 1 under
         TorchTitan's N(0, 1) embedding init."""
