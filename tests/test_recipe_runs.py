@@ -17,6 +17,8 @@ import pytest
 from helpers import REPO, faults
 from gamma_titan.reports.tokens import delta_sym_p, difficulty_bins
 
+pytestmark = pytest.mark.multiprocess  # each recipe run is a trainer process
+
 STEPS = 20  # per run; the recipe's own budget is 900 steps (20 tokens per parameter)
 SEEDS = "0,1"
 QUICK = ("--validation.steps", "2")  # 2 batches per evaluation
