@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 from torchtitan.models.deepseek_v3 import deepseekv3_args
 from torchtitan.models.deepseek_v3 import get_train_spec as titan_spec
 from torchtitan.models.deepseek_v3.infra.parallelize import parallelize_deepseekv3
@@ -37,7 +36,7 @@ from gamma_titan.models.common.sdpa import AttentionShape
 from gamma_titan.training.train_spec import with_our_components
 
 from .hf import gamma_moe_config, package_reason
-from .knobs import GateProjection, TitanArgs, TitanKnobs, local
+from .knobs import GateProjection, TitanArgs, TitanKnobs, local, parallelize_gate_projections
 
 
 @dataclass
@@ -131,13 +130,10 @@ class DeepSeekV3(TitanKnobs, DeepSeekV3Model):
 
 
 def parallelize(model: nn.Module, parallel_dims, job_config):
-    """TorchTitan's parallelize_deepseekv3; with TP, each gate projection is column-parallel
-    first, its output each rank's local heads, as TorchTitan's plan hands the attention
-    output to `wo`. (TorchTitan's plan refuses float8 tensorwise TP for this model.)"""
-    if parallel_dims.tp_enabled and model.model_args.attention_gate != "none":
-        tp_mesh = parallel_dims.get_mesh("tp")
-        for block in model.layers.values():
-            parallelize_module(block, tp_mesh, {"attention.gate_proj": ColwiseParallel()})
+    """TorchTitan's parallelize_deepseekv3, the gate projections column-parallel first (each
+    rank's local heads, as TorchTitan's plan hands the attention output to `wo`; TorchTitan
+    refuses float8 tensorwise TP for this model)."""
+    parallelize_gate_projections(model, parallel_dims, job_config, local_output=True)
     return parallelize_deepseekv3(model, parallel_dims, job_config)
 
 

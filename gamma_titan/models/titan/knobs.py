@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 from torchtitan.models.moe.moe import MoE
 from torchtitan.models.utils import trunc_normal_
 
@@ -148,6 +149,22 @@ class GateProjection:
         """out (bs, seq, heads, value_dim) × sigmoid(x W_g) viewed as (bs, seq, heads, width)."""
         bs, seqlen = x.shape[:2]
         return out * torch.sigmoid(self.gate_proj(x)).view(bs, seqlen, -1, self.gate_width)
+
+
+def parallelize_gate_projections(model: nn.Module, parallel_dims, job_config, *, local_output: bool) -> None:
+    """With TP and a gate: each block's gate projection column-parallel, before the family's
+    TorchTitan plan runs, like the queries it sits beside: its output this rank's heads, a
+    local tensor or (`local_output` False) a DTensor sharded on the heads, in the float8
+    style TorchTitan's plans pick for the queries (tensorwise float8: Float8ColwiseParallel)."""
+    if not parallel_dims.tp_enabled or model.model_args.attention_gate == "none":
+        return
+    style = ColwiseParallel
+    float8 = job_config.quantize.linear.float8
+    if "float8" in job_config.model.converters and float8.recipe_name not in ("rowwise", "rowwise_with_gw_hp"):
+        from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel as style
+    tp_mesh = parallel_dims.get_mesh("tp")
+    for block in model.layers.values():
+        parallelize_module(block, tp_mesh, {"attention.gate_proj": style(use_local_output=local_output)})
 
 
 def local(t: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 from torchtitan.models.llama3 import get_train_spec as titan_spec
 from torchtitan.models.llama3 import llama3_args
 from torchtitan.models.llama3.infra.parallelize import parallelize_llama
@@ -31,7 +30,7 @@ from gamma_titan.models.common.shapes import HeadShape
 from gamma_titan.training.train_spec import with_our_components
 
 from .hf import GATE_HF, GATE_TITAN, inverse, package_reason, renamed
-from .knobs import GateProjection, TitanArgs, TitanKnobs
+from .knobs import GateProjection, TitanArgs, TitanKnobs, parallelize_gate_projections
 
 
 @dataclass
@@ -99,17 +98,9 @@ class Llama3(TitanKnobs, Transformer):
 
 
 def parallelize(model: nn.Module, parallel_dims, job_config):
-    """TorchTitan's parallelize_llama; with TP, each gate projection is column-parallel
-    first, its output local heads like the queries' (TorchTitan's plan leaves q, k, v
-    local tensors), in the float8 style TorchTitan's plan picks for them."""
-    if parallel_dims.tp_enabled and model.model_args.attention_gate != "none":
-        style = ColwiseParallel
-        float8 = job_config.quantize.linear.float8
-        if "float8" in job_config.model.converters and float8.recipe_name not in ("rowwise", "rowwise_with_gw_hp"):
-            from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel as style
-        tp_mesh = parallel_dims.get_mesh("tp")
-        for block in model.layers.values():
-            parallelize_module(block, tp_mesh, {"attention.gate_proj": style()})
+    """TorchTitan's parallelize_llama, the gate projections column-parallel first (local
+    heads, as TorchTitan's plan leaves q, k, v local tensors)."""
+    parallelize_gate_projections(model, parallel_dims, job_config, local_output=True)
     return parallelize_llama(model, parallel_dims, job_config)
 
 

@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 from torchtitan.models.qwen3 import get_train_spec as titan_spec
 from torchtitan.models.qwen3 import qwen3_args
 from torchtitan.models.qwen3.infra.parallelize import parallelize_qwen3
@@ -35,7 +34,7 @@ from gamma_titan.models.common.sdpa import AttentionShape
 from gamma_titan.training.train_spec import with_our_components
 
 from .hf import gamma_moe_config, package_reason
-from .knobs import GateProjection, TitanArgs, TitanKnobs, local
+from .knobs import GateProjection, TitanArgs, TitanKnobs, local, parallelize_gate_projections
 
 
 @dataclass
@@ -119,17 +118,9 @@ class Qwen3(TitanKnobs, Qwen3Model):
 
 
 def parallelize(model: nn.Module, parallel_dims, job_config):
-    """TorchTitan's parallelize_qwen3; with TP, each gate projection is column-parallel
-    first, its output a DTensor sharded on the heads like TorchTitan's plan leaves the
-    attention output (float8 tensorwise TP: TorchTitan's style for the queries)."""
-    if parallel_dims.tp_enabled and model.model_args.attention_gate != "none":
-        style = ColwiseParallel
-        float8 = job_config.quantize.linear.float8
-        if "float8" in job_config.model.converters and float8.recipe_name not in ("rowwise", "rowwise_with_gw_hp"):
-            from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel as style
-        tp_mesh = parallel_dims.get_mesh("tp")
-        for block in model.layers.values():
-            parallelize_module(block, tp_mesh, {"attention.gate_proj": style(use_local_output=False)})
+    """TorchTitan's parallelize_qwen3, the gate projections column-parallel first (their
+    output a DTensor sharded on the heads, as TorchTitan's plan leaves the attention output)."""
+    parallelize_gate_projections(model, parallel_dims, job_config, local_output=False)
     return parallelize_qwen3(model, parallel_dims, job_config)
 
 
