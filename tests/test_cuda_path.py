@@ -152,3 +152,23 @@ def test_float8_on_an_sm90_host_needs_no_emulation(cuda_host, monkeypatch, built
     preflight(config, world_size=8, local_world_size=8)
     assert config.compile.enable and not config.quantize.linear.float8.emulate
     assert "output" in config.quantize.linear.float8.filter_fqns
+
+
+def test_torchtitans_gpu_only_layouts_pass_pre_flight_on_a_gpu_host(cuda_host, monkeypatch, builtin_assets):
+    """What pre-flight refuses on a CPU (qwen3's TP, which shards SDPA's inputs; TorchTitan's
+    expert parallelism, whose token permutation is a Triton kernel) it lets through where
+    CUDA is: the check is the machine's, not the model's."""
+    from gamma_titan.config import load_job_config
+    from gamma_titan.training.preflight import preflight
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))  # H100
+    for config_file, overrides in (("qwen3_debug.toml", ["--parallelism.tensor_parallel_degree", "2"]),
+                                   ("qwen3_debug.toml", ["--model.flavor", "debugmodel_moe",
+                                                         "--parallelism.expert_parallel_degree", "2"]),
+                                   ("deepseek_v3_debug.toml", ["--parallelism.expert_parallel_degree", "2"])):
+        config = load_job_config(["--job.config_file", str(REPO / "configs" / "titan" / config_file), *overrides])
+        preflight(config, world_size=2, local_world_size=2)
+        p = config.parallelism
+        assert (p.tensor_parallel_degree, p.expert_parallel_degree) == (
+            (2, 1) if "--parallelism.tensor_parallel_degree" in overrides else (1, 2))
