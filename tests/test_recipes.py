@@ -180,10 +180,10 @@ def check_sbatch_script(path: Path, run, out: Path) -> None:
 def test_stop_grace_covers_the_save_of_a_big_model():
     from gamma_titan.training.launch import shutdown_timeout, stop_grace_seconds
 
-    assert save_seconds(16_000_000_000, nodes=1) == 192.0  # 12 bytes per parameter at 1 GB/s
-    assert stop_grace_seconds(300, 16_000_000_000, nodes=1, step_seconds=20) == 318  # 1.5 x (20 + 192)
+    assert save_seconds(16_000_000_000, nodes=1) == 5 + 192.0  # 12 bytes per parameter at 1 GB/s, + 5 s
+    assert stop_grace_seconds(300, 16_000_000_000, nodes=1, step_seconds=20) == 326  # 1.5 x (20 + 197)
     assert stop_grace_seconds(300, 1_000_000_000, nodes=4, step_seconds=2) == 300  # the configured one
-    assert shutdown_timeout(318) == 318 + SHUTDOWN_MARGIN_SECONDS
+    assert shutdown_timeout(326) == 326 + SHUTDOWN_MARGIN_SECONDS
 
 
 def _fake_sbatch(folder: Path) -> Path:

@@ -1,365 +1,250 @@
 """The GPU acceptance check: what a first cluster run relies on, tried on one H100/H200
 through the real CLI (`gamma-titan inspect` / `gamma-titan train`).
 
-    bash tools/gpu_check.sh [--out gpu_check.json]   # <= 8 minutes, offline, installs nothing
-    python tools/gpu_check.py --dry-run --out X.json  # the same pipeline at debug shapes on the CPU
+    bash tools/gpu_check.sh --wheels .wheels [--out DIR/gpu_check.json] [--only NAME ...]
+    bash tools/gpu_check.sh --dry-run          # the same pipeline at debug shapes on the CPU
+    python tools/gpu_check.py --compare A.json B.json
 
-One line per check, PASS or FAIL with its figure, then `--out` (JSON; never overwritten,
-each check's log next to it in `<out>_logs/`):
+Checks, in order (PASS conditions: tools/gpu/judges.py; runs and time budgets:
+tools/gpu/checks.py; on one GPU the budgets add up to 7 minutes):
 
-  kernels       the SDPA kernel of every attention kind (dense MHA, MoE MHA, MLA with
-                equal and with unequal q/k and v head dims); on a GPU none may be math
-  inspect_moe   `gamma-titan inspect` of every MoE config and flavor: the CPU forward of
-                a GPU host's model (one dense and one MoE block at full size)
-  dense_bf16    20 steps of configs/dense/1.5B.toml: compile + selective AC + bf16, live
-                diagnostics every 10 steps; tokens/s, MFU, peak memory, graph breaks and
-                recompiles (TORCH_LOGS=graph_breaks,recompiles); no graph break allowed
-  moe_mla_bf16  the same for the 3B-A0.5B-mla flavor of configs/moe/3B-A0.5B.toml
-  dense_float8  dense_bf16 with float8 linears (tensorwise); its losses must follow
-                dense_bf16's step by step (same config, seed, data and steps)
-  sigterm_drill SIGTERM to `gamma-titan train` (1.5B, eager) after 3 steps: the step's
-                checkpoint must be complete; seconds to save, against the estimate that
-                sizes a cluster job's grace period (gamma_titan/training/launch.py)
-  titan_cp2     TorchTitan's llama3 with γ-init, ε and the gate (configs/titan/), context
-                parallel 2 against 1: the losses must agree. PyTorch has no CPU ring
-                attention, so this is where context parallelism is tested; it needs 2 GPUs
-                and is skipped (SKIP, not a failure) with fewer.
-  qwen3_tp2     TorchTitan's qwen3 with the knobs, tensor parallel 2 against 1 (its TP plan
-                hands SDPA sharded DTensors, which CPU kernels cannot take); 2 GPUs, as above.
-  deepseek_ep2  TorchTitan's deepseek_v3 with the knobs, expert parallel 2 (2 data-parallel
-                ranks) against 1 GPU accumulating the same global batch in 2 microbatches
-                (TorchTitan's token permutation is a Triton kernel); 2 GPUs, as above.
+  kernels        the SDPA kernel of every attention kind (dense MHA, MoE MHA, MLA); on a GPU
+                 none may be the math kernel
+  inspect_moe    `gamma-titan inspect` of every MoE config and flavor (one dense and one MoE
+                 block at full size)
+  dense_bf16     gamma_dense 1.5B, bf16, compile, selective AC, 20 steps, three runs: like
+                 TorchTitan's llama3 (γ 0.5, ε 1e-5, no gate) and TorchTitan's llama3 itself at
+                 the same shape (tokens/s ratio >= 0.95), then the default knobs (MFU floor,
+                 step 1 at the init's loss, the gate's cost next to its FLOP share)
+  diagnostics    the live diagnostics of the default run (every 5 steps): the overhead of
+                 measuring at freq 1 and at the default freq 100
+  moe_mla_bf16   gamma_moe 3B-A0.5B MLA, 20 steps: the loss falls, recompiles bounded,
+                 expert load max/mean
+  dense_float8   the default dense run with float8 linears: the layers converted (none of the
+                 head, router or headwise gate), the loss within a tolerance of bf16's and not
+                 identical to it, float8/bf16 tokens/s
+  sigterm_drill  SIGTERM to `gamma-titan train`: the save within its estimate, and a run
+                 resumed from the step before logs the same next loss
+  titan_cp2, qwen3_tp2, deepseek_ep2
+                 TorchTitan's models with the knobs: context, tensor and expert parallelism
+                 on 2 GPUs against one, in bf16, within a measured tolerance; SKIP on one GPU
 
-On one GPU the configs' pinned global batch would be all gradient accumulation, so the
-training checks train `local_batch_size` sequences per step. Each training check's
-step-1 loss must be the one the γ-init gives (`first_step_loss`), and every loss finite.
-`--dry-run` runs every check on the debug configs for 3 steps, eager, float8 emulated.
+A check that outlives its budget is killed with every process it started (torchrun's
+workers included) and marked FAIL (timeout); the next one starts only once none of them
+is left and the GPU's memory is back to its level before the checks. The JSON (`--out`)
+is written after every check: run again with the same `--out` and the finished checks
+are kept (`--only NAME` reruns one). The last lines are one table: check, status,
+seconds, the key figure.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import re
-import signal
-import statistics
+import platform
+import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu import checks  # noqa: E402
+from gpu.judges import Verdict  # noqa: E402
+from gpu.procs import become_subreaper, gpu_memory_used_mib, kill_descendants, wait_released  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-CLI = [sys.executable, "-m", "gamma_titan.cli"]
+DEFAULT_OUT = {False: "outputs/gpu_check/gpu_check.json", True: "outputs/gpu_check_dry_run/gpu_check.json"}
 
 
 @dataclass
-class Setup:
-    dry_run: bool
-    logs: Path
-    dumps: Path
-    steps: int = 20
-    warmup: int = 5
-    dense: str = "configs/dense/1.5B.toml"
-    moe: str = "configs/moe/3B-A0.5B.toml"
-    moe_mla_flavor: str = "3B-A0.5B-mla"
-    #: (config, flavor) of every attention kind and MoE size; inspected one dense + one MoE block deep.
-    inspected: list[tuple[str, str | None]] = field(default_factory=lambda: [
-        ("configs/dense/1.5B.toml", None), ("configs/moe/1.5B-A0.25B.toml", None),
-        ("configs/moe/1.5B-A0.25B.toml", "1.5B-A0.25B-mla"), ("configs/moe/3B-A0.5B.toml", None),
-        ("configs/moe/3B-A0.5B.toml", "3B-A0.5B-mla"), ("configs/moe/16B-A2.4B.toml", None)])
-    timeouts: dict[str, int] = field(default_factory=lambda: {
-        "inspect": 25, "dense_bf16": 120, "moe_mla_bf16": 120, "dense_float8": 110, "sigterm_drill": 90,
-        "titan_cp2": 120, "qwen3_tp2": 180, "deepseek_ep2": 180})
-    #: Step 1's loss against `first_step_loss`, relative. The formula's own error is the
-    #: sampling noise of one batch's label logits, ~σ/sqrt(tokens) absolute: at most 1.1e-3
-    #: measured over 15 debug-shape batches (d 256, 256 to 2048 tokens; the init models'
-    #: exact losses), less at 1.5B (σ = 0.022, more tokens); 3e-3 leaves a margin of 2.7.
-    #: A head drawn at γ = 0.5 (σ² = 1) is off by 0.5 (5-6%).
-    first_loss_rtol: float = 3e-3
-    #: dense_float8's losses against dense_bf16's, largest relative difference over the steps.
-    #: Not measured on a GPU yet (tensorwise float8, compiled, 20 steps of 1.5B): provisional,
-    #: to be set from the first GPU run's loss_rel_diff_vs_dense_bf16 (in the JSON) x a margin.
-    float8_loss_rtol: float = 5e-2
+class Step:
+    """What runs together: one budget, one or more checks (kernels and inspect_moe share a process)."""
 
-    def __post_init__(self) -> None:
-        if self.dry_run:
-            self.steps, self.warmup = 3, 1
-            self.dense, self.moe, self.moe_mla_flavor = "configs/dense/debug.toml", "configs/moe/debug_mla.toml", "debug_mla"
-            self.inspected = [("configs/dense/debug.toml", None), ("configs/moe/debug.toml", None),
-                              ("configs/moe/debug_mla.toml", None)]
-            self.timeouts = {k: 300 for k in self.timeouts}
-            # emulated float8 against fp32, 3 steps of the debug model: measured 9.2e-5
-            # (7.3e-6, 5.4e-5, 9.2e-5 by step); a margin of 5.4
-            self.float8_loss_rtol = 5e-4
-
-
-@dataclass
-class Check:
     name: str
-    passed: bool
-    figure: str
-    details: dict = field(default_factory=dict)
-
-    def line(self) -> str:
-        status = "SKIP" if self.passed is None else ("PASS" if self.passed else "FAIL")
-        return f"{status}  {self.name:<14} {self.figure}"
+    checks: tuple[str, ...]
+    budget: int
+    run: Callable[[float], list[tuple[str, Verdict]]]  # deadline (monotonic) -> verdicts
 
 
-def run_logged(command: list[str], log: Path, timeout: int, env: dict | None = None) -> tuple[int | None, str]:
-    """Run to the end (None: timed out), output into `log`; (exit code, the output)."""
-    with open(log, "w") as sink:
-        try:
-            code = subprocess.run(command, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, text=True,
-                                  timeout=timeout, env=env).returncode
-        except subprocess.TimeoutExpired:
-            code = None
-    return code, log.read_text(errors="replace")
-
-
-# --- kernels and inspect -----------------------------------------------------------------------
-
-def inspect_checks(setup: Setup) -> list[Check]:
-    kernels, failures, inspected = {}, [], []
-    for config, flavor in setup.inspected:
-        label = f"{Path(config).parent.name}/{flavor or Path(config).stem}"
-        argv = [*CLI, "inspect", config, "--json", "--model_args.n_layers", "2"]
-        argv += ["--model.flavor", flavor] if flavor else []
-        code, out = run_logged(argv, setup.logs / f"inspect_{label.replace('/', '_')}.log", setup.timeouts["inspect"])
-        try:
-            report = json.loads(out.strip().splitlines()[-1]) if code == 0 else None
-        except (json.JSONDecodeError, IndexError):
-            report = None
-        if report is None:
-            failures.append(f"{label}: exit {code}")
-            continue
-        inspected.append(label)
-        for line in report["attention_kernels"]:
-            kind = re.search(r"attention (\w+): SDPA kernel (\w+)", line)
-            kernels[f"{label} {kind.group(1)}"] = {"kernel": kind.group(2), "line": line}
-    math = [k for k, v in kernels.items() if v["kernel"] in ("math", "none")]
-    kernel_ok = bool(kernels) and not failures and (setup.dry_run or not math)
-    figure = ", ".join(f"{k}: {v['kernel']}" for k, v in kernels.items())
-    moe = [label for label in inspected if label.startswith("moe/")]
+def build_steps(setup: checks.Setup) -> list[Step]:
+    one = lambda name, fn: Step(name, (name,), setup.budget(name), lambda d: [(name, fn(setup, d))])  # noqa: E731
     return [
-        Check("kernels", kernel_ok, figure + (f" (math: {', '.join(math)})" if math else ""), {"kernels": kernels}),
-        Check("inspect_moe", not failures, f"{len(moe)} MoE configs inspected" + (f"; failed: {failures}" if failures else ""),
-              {"inspected": inspected, "failures": failures}),
+        Step("inspect", ("kernels", "inspect_moe"), setup.budget("inspect"),
+             lambda d: checks.inspect_all(setup, d)),
+        one("dense_bf16", checks.dense_bf16),
+        Step("diagnostics", ("diagnostics",), setup.budget("diagnostics"),
+             lambda d: [("diagnostics", checks.diagnostics(setup))]),
+        one("moe_mla_bf16", checks.moe_mla_bf16),
+        one("dense_float8", checks.dense_float8),
+        one("sigterm_drill", checks.sigterm_drill),
+        *[Step(name, (name,), setup.budget(name), lambda d, n=name: [(n, checks.layout_check(setup, n, d))])
+          for name in checks.LAYOUTS],
     ]
 
 
-# --- training --------------------------------------------------------------------------------
-
-def train_argv(setup: Setup, config: str, dump: Path, steps: int, *extra: str) -> list[str]:
-    common = ["--nproc", "1", "--job.dump_folder", str(dump), "--training.steps", str(steps),
-              "--training.global_batch_size", "-1", "--metrics.log_freq", "1",
-              "--metrics.enable_tensorboard", "false", "--validation.enable", "false",
-              "--checkpoint.enable", "false", "--gamma.diagnostics.freq", "10"]
-    if setup.dry_run:
-        common += ["--compile.enable", "false", "--training.seq_len", "128", "--training.local_batch_size", "2",
-                   "--quantize.linear.float8.emulate", "true"]
-    return [*CLI, "train", config, *common, *extra]
+def check_names(steps: list[Step]) -> list[str]:
+    return [c for step in steps for c in step.checks]
 
 
-def metrics(dump: Path) -> list[dict]:
-    path = dump / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+# --- the machine -------------------------------------------------------------------------------
 
+def machine(dry_run: bool) -> dict:
+    """Versions and devices, without creating a CUDA context in this process."""
+    from importlib import metadata
 
-def first_step_loss(config: str, *extra: str) -> float | None:
-    """Step 1's loss at the config's γ-init, from the shapes alone: the output head's weights
-    are N(0, d^-2γ) (γ of the `output` group) and the final RMSNorm gives every token a
-    vector of RMS 1, so the logits are N(0, σ² = d^(1-2γ)) and the cross entropy is
-    ln V + σ²/2. None where σ² is not small (γ near 0.5), which the expansion needs."""
-    from gamma_titan.config import load_job_config
-    from gamma_titan.inspect_model import resolve_model
+    import torch
 
-    flavor = list(extra[extra.index("--model.flavor"):][:2]) if "--model.flavor" in extra else []
-    _, args = resolve_model(load_job_config(["--job.config_file", str(REPO / config), *flavor]))
-    variance = args.dim ** (1 - 2 * args.init.rate_for("output"))
-    return math.log(args.vocab_size) + variance / 2 if variance <= 0.05 else None
-
-
-def training_check(setup: Setup, name: str, config: str, *extra: str) -> Check:
-    dump = setup.dumps / name
-    env = {**os.environ, "TORCH_LOGS": "graph_breaks,recompiles"}
-    code, log = run_logged(train_argv(setup, config, dump, setup.steps, *extra), setup.logs / f"{name}.log",
-                           setup.timeouts[name], env)
-    records = metrics(dump)
-    timed = [r for r in records if "tps" in r and r["step"] > setup.warmup]
-    details = {"exit": code, "steps": len(records),
-               "graph_breaks": log.count("Graph break in user code"),
-               "recompiles": len(re.findall(r"Recompiling function", log))}
-    if code != 0 or not timed:
-        why = "timed out" if code is None else f"exit {code}"
-        tail = " | ".join(log.strip().splitlines()[-3:])[-300:]
-        return Check(name, False, f"{why} after {len(records)} steps: {tail}", details)
-    med = lambda key: statistics.median(r[key] for r in timed)  # noqa: E731
-    losses = [r["loss"] for r in records if "loss" in r]
-    expected = first_step_loss(config, *extra)
-    details |= {"tokens_per_s": med("tps"), "tflops": med("tflops"), "mfu_percent": med("mfu"),
-                "peak_active_gib": max(r.get("memory/max_active(GiB)", 0.0) for r in records),
-                "final_loss": records[-1].get("loss"), "losses": losses, "first_loss_expected": expected}
-    finite = len(losses) == len(records) and all(math.isfinite(loss) for loss in losses)
-    first = losses[0] if losses else math.nan
-    first_ok = expected is None or abs(first - expected) <= setup.first_loss_rtol * expected
-    passed = finite and first_ok and details["graph_breaks"] == 0 and len(records) == setup.steps
-    figure = (f"{details['tokens_per_s']:,.0f} tokens/s, MFU {details['mfu_percent']:.1f}%, "
-              f"{details['tflops']:.1f} TFLOP/s, peak {details['peak_active_gib']:.1f} GiB, "
-              f"{details['graph_breaks']} graph breaks, {details['recompiles']} recompiles, "
-              f"loss {first:.4f} -> {details['final_loss']:.3f}"
-              + (f" (step 1 expected {expected:.4f})" if expected is not None else ""))
-    return Check(name, passed, figure, details)
-
-
-def compare_losses(check: Check, reference: Check, rtol: float) -> Check:
-    """`check` must also follow `reference`'s losses step by step (the same config, seed,
-    data and steps): the largest relative difference, within `rtol`."""
-    ours, theirs = check.details.get("losses") or [], reference.details.get("losses") or []
-    diff = (max(abs(a - b) / abs(b) for a, b in zip(ours, theirs))
-            if ours and len(ours) == len(theirs) else None)
-    check.details |= {f"loss_rel_diff_vs_{reference.name}": diff, "loss_rtol": rtol}
-    check.passed = check.passed and diff is not None and diff <= rtol
-    check.figure += (f"; losses within {diff:.1e} of {reference.name}'s (allowed {rtol:.0e})" if diff is not None
-                     else f"; no losses to compare with {reference.name}'s")
-    return check
-
-
-def sigterm_drill(setup: Setup) -> Check:
-    """SIGTERM after 3 logged steps; the checkpoint of the step in progress must complete."""
-    from gamma_titan.training.launch import save_seconds
-    from gamma_titan.training.reliability import checkpoint_steps
-
-    dump = setup.dumps / "sigterm_drill"
-    argv = train_argv(setup, setup.dense, dump, 1000, "--compile.enable", "false", "--checkpoint.enable", "true",
-                      "--checkpoint.interval", "1000", "--gamma.diagnostics.enable", "false")
-    log = setup.logs / "sigterm_drill.log"
-    deadline = time.monotonic() + setup.timeouts["sigterm_drill"]
-    with open(log, "w") as sink:
-        proc = subprocess.Popen(argv, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, text=True)
+    info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0}
+    for package in ("torchtitan", "torchao", "datasets", "transformers", "triton"):
         try:
-            while len(metrics(dump)) < 3 and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.2)
-            signalled = time.monotonic()
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-            stopped = time.monotonic() - signalled
-        except subprocess.TimeoutExpired:
-            stopped = None
-        finally:
-            proc.kill()
-    text = log.read_text(errors="replace")
-    complete, incomplete = checkpoint_steps(dump / "checkpoint")
-    last = metrics(dump)[-1]["step"] if metrics(dump) else None
-    saved = re.findall(r"Finished saving the checkpoint.*?in ([\d.]+) seconds", text)
-    params = re.search(r"model \w+: ([\d,]+) parameters", text)
-    estimate = save_seconds(int(params.group(1).replace(",", "")), nodes=1) if params else None
-    details = {"last_step": last, "complete": complete, "incomplete": incomplete, "stop_seconds": stopped,
-               "save_seconds": float(saved[-1]) if saved else None, "estimated_save_seconds": estimate}
-    passed = last is not None and complete == [last] and not incomplete and stopped is not None
-    figure = (f"checkpoint of step {last} {'complete' if passed else 'NOT complete'}; SIGTERM to exit "
-              f"{stopped:.1f} s" if stopped is not None else f"no clean stop within {setup.timeouts['sigterm_drill']} s")
-    if details["save_seconds"] is not None and estimate:
-        figure += f", save {details['save_seconds']:.1f} s (the plan assumes {estimate:.1f} s for this size)"
-    return Check("sigterm_drill", passed, figure, details)
+            info[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            info[package] = None
+    if shutil.which("nvidia-smi"):
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout
+        rows = [[x.strip() for x in line.split(",")] for line in out.strip().splitlines() if line.strip()]
+        info["gpu_names"] = [r[0] for r in rows]
+        info["driver"] = rows[0][1] if rows else None
+        info["gpu_memory"] = [r[2] for r in rows]
+    if not dry_run and info["gpus"] == 0:
+        sys.exit(f"error: torch {torch.__version__} sees no CUDA device (--dry-run runs the pipeline on the CPU)")
+    info["device"] = (info.get("gpu_names") or ["cpu"])[0] + (" (dry run: debug shapes, CPU)" if dry_run else "")
+    return info
 
 
-#: Checks on 2 GPUs of TorchTitan's models with γ-init, ε and the gate (configs/titan/):
-#: name -> (config, the [parallelism] degree split 2 ways, settings of both runs). PyTorch's
-#: CPU SDPA kernels have no DTensor sharding rule, and TorchTitan's expert parallelism permutes
-#: tokens with a Triton kernel, so these layouts cannot run on a CPU. Expert parallelism
-#: borrows the data-parallel ranks: one GPU accumulates the same global batch instead, at
-#: the calm settings of tests/titan_cases.py (lr 3e-4, round-robin routing), under which
-#: the CPU's deepseek_v3 TP 2 and PP 2 matched one process to 4e-5.
-TWO_GPU_CHECKS = {
-    "titan_cp2": ("configs/titan/llama3_debug.toml", "context_parallel_degree", ()),
-    "qwen3_tp2": ("configs/titan/qwen3_debug.toml", "tensor_parallel_degree", ()),
-    "deepseek_ep2": ("configs/titan/deepseek_v3_debug.toml", "expert_parallel_degree",
-                     ("--training.global_batch_size", "16", "--optimizer.lr", "3e-4",
-                      "--debug.moe_force_load_balance", "true")),
-}
+# --- the run ---------------------------------------------------------------------------------------
+
+def status(entry: dict) -> str:
+    if entry["passed"] is None:
+        return "SKIP"
+    if entry["passed"]:
+        return "PASS"
+    return "FAIL (timeout)" if entry.get("timed_out") else "FAIL"
 
 
-def two_gpu_check(setup: Setup, name: str) -> Check:
-    """A debug model for `setup.steps` steps with one parallelism degree at 2 on 2 GPUs
-    against 1 GPU: the same global batch, so the same losses up to the order of the sums
-    (fp32: relative 1e-4)."""
-    import torch
+def run_steps(steps: list[Step], out: Path, report: dict, only: list[str], baseline) -> dict:
+    """Run every step not finished in `report` (or named in `only`), writing `out` after each."""
+    done = report.setdefault("checks", {})
+    for step in steps:
+        rerun = any(c in only for c in step.checks)
+        if only and not rerun or not only and all(c in done for c in step.checks):
+            continue
+        for name in step.checks:
+            if name in done:
+                report.setdefault("replaced", {}).setdefault(name, []).append(done.pop(name))
+        started = time.monotonic()
+        deadline = started + step.budget
+        try:
+            verdicts = step.run(deadline)
+        except Exception as e:  # noqa: BLE001  (a broken check is a FAIL, the next one still runs)
+            verdicts = [(name, Verdict(False, f"{type(e).__name__}: {e}"[:300], {}, ["crashed"])) for name in step.checks]
+        seconds = time.monotonic() - started
+        kill_descendants()
+        held = wait_released(baseline)
+        for name, verdict in verdicts:
+            entry = {"passed": verdict.passed, "figure": verdict.figure, "seconds": round(seconds, 1),
+                     "budget_seconds": step.budget, **verdict.details}
+            if verdict.passed is not None and seconds > step.budget:
+                entry |= {"passed": False, "timed_out": True}
+            if held:
+                entry |= {"passed": False, "figure": f"still held after the check: {held} | {entry['figure']}"}
+            done[name] = entry
+            print(f"{status(entry):<14} {name:<14} {entry['seconds']:>6.0f} s  {entry['figure']}", flush=True)
+        report.setdefault("step_seconds", {})[step.name] = round(seconds, 1)
+        out.write_text(json.dumps(report, indent=2) + "\n")
+        if held:
+            print(f"stopping: the GPU or processes of {step.name} are still held ({held}); rerun with the same "
+                  f"--out once they are gone", flush=True)
+            break
+    return report
 
-    if setup.dry_run or torch.cuda.device_count() < 2:
-        found = "a CPU" if setup.dry_run else f"{torch.cuda.device_count()} GPU"
-        return Check(name, None, f"needs 2 CUDA devices, {found} here", {"skipped": True})
-    config, degree, settings = TWO_GPU_CHECKS[name]
-    runs = {}
-    for n in (1, 2):
-        dump = setup.dumps / f"{name}_{n}"
-        argv = train_argv(setup, config, dump, setup.steps, f"--parallelism.{degree}", str(n),
-                          "--gamma.diagnostics.enable", "false", *settings)
-        argv[argv.index("--nproc") + 1] = str(n)
-        code, log = run_logged(argv, setup.logs / f"{name}_{n}.log", setup.timeouts[name])
-        runs[n] = [r["loss"] for r in metrics(dump)]
-        if code != 0 or len(runs[n]) != setup.steps:
-            tail = " | ".join(log.strip().splitlines()[-3:])[-300:]
-            return Check(name, False, f"{degree} {n}: exit {code}: {tail}", {"losses": runs})
-    diff = max(abs(a - b) / abs(b) for a, b in zip(runs[2], runs[1]))
-    return Check(name, diff <= 1e-4, f"losses within {diff:.1e} of one GPU's (allowed 1e-04)",
-                 {"losses": runs, "loss_rel_diff": diff})
+
+def table(report: dict, names: list[str]) -> str:
+    """One line per check: name, status, seconds, key figure."""
+    rows = [f"{'check':<14} {'status':<14} {'seconds':>7}  figure", "-" * 78]
+    for name in names:
+        entry = report["checks"].get(name)
+        if entry is None:
+            rows.append(f"{name:<14} {'NOT RUN':<14} {'':>7}")
+        else:
+            rows.append(f"{name:<14} {status(entry):<14} {entry.get('seconds', 0):>7.0f}  {entry['figure'][:160]}")
+    return "\n".join(rows)
 
 
-# --- the driver ----------------------------------------------------------------------------------
+def compare(a: Path, b: Path) -> str:
+    """Two gpu_check.json side by side: per check, status and seconds of each, and the figures."""
+    ra, rb = json.loads(a.read_text()), json.loads(b.read_text())
+    lines = [f"A: {a} ({ra.get('machine', {}).get('device')}, torch {ra.get('machine', {}).get('torch')})",
+             f"B: {b} ({rb.get('machine', {}).get('device')}, torch {rb.get('machine', {}).get('torch')})",
+             f"{'check':<14} {'A':<16} {'B':<16}"]
+    for name in dict.fromkeys([*ra.get("checks", {}), *rb.get("checks", {})]):
+        cells = []
+        for r in (ra, rb):
+            e = r.get("checks", {}).get(name)
+            cells.append(f"{status(e)} {e.get('seconds', 0):.0f} s" if e else "-")
+        lines.append(f"{name:<14} {cells[0]:<16} {cells[1]:<16}")
+        for label, r in (("A", ra), ("B", rb)):
+            e = r.get("checks", {}).get(name)
+            if e:
+                lines.append(f"{'':<14} {label}: {e['figure'][:150]}")
+    return "\n".join(lines)
 
-def device_name(dry_run: bool) -> str:
-    import torch
 
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name()
-    if not dry_run:
-        sys.exit("error: no CUDA device (python tools/gpu_check.py --dry-run runs the pipeline on the CPU)")
-    return "cpu (dry run)"
-
-
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, steps: list[Step] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--inspect"]:
+        return checks.inspect_main(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="gpu_check.json")
-    parser.add_argument("--dry-run", action="store_true", help="debug configs, 3 eager steps, on the CPU")
+    parser.add_argument("--out", help=f"the JSON report (default {DEFAULT_OUT[False]}; with --dry-run "
+                                      f"{DEFAULT_OUT[True]}); an existing one is resumed")
+    parser.add_argument("--dry-run", action="store_true", help="debug configs, eager, on the CPU")
+    parser.add_argument("--only", action="append", default=[], metavar="NAME",
+                        help="run (again) only this check; repeatable")
+    parser.add_argument("--compare", nargs=2, type=Path, metavar=("A.json", "B.json"))
     ns = parser.parse_args(argv)
-    out = Path(ns.out)
+    if ns.compare:
+        print(compare(*ns.compare))
+        return 0
+    out = Path(ns.out or REPO / DEFAULT_OUT[ns.dry_run])
     logs = out.with_name(out.stem + "_logs")
-    for path in (out, logs):
-        if path.exists():
-            parser.error(f"--out {out}: {path} exists; choose another name (results are never overwritten)")
-    device = device_name(ns.dry_run)
-    logs.mkdir(parents=True)
-    setup = Setup(ns.dry_run, logs, logs / "runs")
-    print(f"gamma-titan GPU check on {device}{' (dry run: debug shapes, CPU)' if ns.dry_run else ''}", flush=True)
-    started = time.monotonic()
-    checks: list[Check] = []
-
-    def record(*new: Check) -> None:
-        for check in new:
-            checks.append(check)
-            print(check.line(), flush=True)
-
-    record(*inspect_checks(setup))
-    dense_bf16 = training_check(setup, "dense_bf16", setup.dense)
-    record(dense_bf16)
-    record(training_check(setup, "moe_mla_bf16", setup.moe, "--model.flavor", setup.moe_mla_flavor))
-    record(compare_losses(training_check(setup, "dense_float8", setup.dense, "--model.converters",
-                                         "quantize.linear.float8", "--quantize.linear.float8.recipe_name",
-                                         "tensorwise"), dense_bf16, setup.float8_loss_rtol))
-    record(sigterm_drill(setup))
-    record(*(two_gpu_check(setup, name) for name in TWO_GPU_CHECKS))
-    failed = [c.name for c in checks if c.passed is False]
-    report = {"device": device, "dry_run": ns.dry_run, "seconds": round(time.monotonic() - started, 1),
-              "passed": not failed, "checks": {c.name: {"passed": c.passed, "figure": c.figure, **c.details}
-                                               for c in checks}}
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    ran = [c for c in checks if c.passed is not None]
-    print(f"{len(ran) - len(failed)}/{len(ran)} passed ({len(checks) - len(ran)} skipped) in {report['seconds']:.0f} s"
-          + (f"; FAILED: {', '.join(failed)}" if failed else "") + f". JSON: {out}, logs: {logs}/")
-    return 1 if failed else 0
+    setup = checks.Setup(logs, dry_run=ns.dry_run)
+    steps = build_steps(setup) if steps is None else steps
+    names = check_names(steps)
+    for name in ns.only:
+        if name not in names:
+            parser.error(f"--only {name}: not a check (one of {', '.join(names)})")
+    report = json.loads(out.read_text()) if out.exists() else {}
+    if report and report.get("dry_run") != ns.dry_run:
+        parser.error(f"--out {out}: holds a {'dry' if report.get('dry_run') else 'GPU'} run; this is a "
+                     f"{'dry' if ns.dry_run else 'GPU'} run (choose another --out)")
+    info = machine(ns.dry_run)
+    setup.gpus = info["gpus"]
+    logs.mkdir(parents=True, exist_ok=True)
+    become_subreaper()
+    if report:
+        kept = [c for c in names if c in report.get("checks", {}) and c not in ns.only]
+        print(f"resuming {out}: keeping {', '.join(kept) or 'nothing'}", flush=True)
+        report.setdefault("earlier_machines", []).append(report.get("machine"))
+    report |= {"dry_run": ns.dry_run, "machine": info}
+    print(f"gamma-titan GPU check on {info['device']}: torch {info['torch']}, CUDA {info['cuda']}, "
+          f"driver {info.get('driver')}, torchtitan {info['torchtitan']}, torchao {info['torchao']}, "
+          f"Python {info['python']}", flush=True)
+    run_steps(steps, out, report, ns.only, gpu_memory_used_mib())
+    print("\n" + table(report, names))
+    entries = [report["checks"][n] for n in names if n in report["checks"]]
+    failed = [n for n in names if n in report["checks"] and report["checks"][n]["passed"] is False]
+    ran = [e for e in entries if e["passed"] is not None]
+    print(f"{len(ran) - len(failed)}/{len(ran)} passed, {len(entries) - len(ran)} skipped, "
+          f"{len(names) - len(entries)} not run; {sum(report.get('step_seconds', {}).values()):.0f} s of checks"
+          + (f"; FAILED: {', '.join(failed)}" if failed else "") + f". JSON: {out}, logs: {logs}/", flush=True)
+    return 1 if failed or len(entries) < len(names) else 0
 
 
 if __name__ == "__main__":

@@ -1,31 +1,42 @@
 #!/usr/bin/env bash
-# The GPU acceptance check (tools/gpu_check.py) on one H100/H200: at most ~8 minutes, no
-# network, installs nothing. Uses $PYTHON (default: .venv/bin/python if it exists, else
-# python3), which must already have torch with CUDA, torchtitan 0.2.x, torchao and this
-# repo's dependencies; the repo is put on PYTHONPATH. Arguments go to gpu_check.py:
-#   bash tools/gpu_check.sh [--out /tmp/gpu_check.json]
-#   bash tools/gpu_check.sh --dry-run          # the same pipeline at debug shapes, on the CPU
+# The GPU acceptance check (tools/gpu_check.py) on a bare CUDA image: at most 8 minutes from a
+# cold machine, the install included; no network. Uses $PYTHON (default: .venv/bin/python if it
+# exists, else python3), whose own torch (with CUDA) is never replaced.
+#   bash tools/gpu_wheels.sh                                # here, with PyPI: the wheels into .wheels/
+#   bash tools/gpu_check.sh --wheels .wheels [--out DIR/gpu_check.json] [--only NAME]   # there
+#   bash tools/gpu_check.sh --dry-run                       # the same pipeline at debug shapes, on the CPU
+# --wheels DIR: checks DIR against its manifest (sha256), installs its wheels with
+# `pip install --no-index --no-deps --target` into a temporary folder put on PYTHONPATH, then
+# checks that what this Python now has meets the project's dependency closure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+started=$SECONDS
 if [[ -z "${PYTHON:-}" ]]; then
   if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
+wheels="" args=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --wheels) [[ $# -ge 2 ]] || { echo "error: --wheels needs a folder" >&2; exit 2; }; wheels="$2"; shift 2 ;;
+    --wheels=*) wheels="${1#--wheels=}"; shift ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
-dry_run=0
-for arg in "$@"; do [[ "$arg" == "--dry-run" ]] && dry_run=1; done
-"$PYTHON" - "$dry_run" <<'PY'
-import importlib, sys
-missing = [m for m in ("torch", "torchtitan", "torchao", "tokenizers", "datasets", "tomli", "gamma_titan")
-           if importlib.util.find_spec(m) is None]
-if missing:
-    sys.exit(f"error: {sys.executable} lacks {', '.join(missing)} (this script installs nothing)")
-import torch
-if sys.argv[1] == "0" and not torch.cuda.is_available():
-    sys.exit(f"error: torch {torch.__version__} sees no CUDA device (bash tools/gpu_check.sh needs one; "
-             "--dry-run runs on the CPU)")
-print(f"torch {torch.__version__}" + (f", {torch.cuda.get_device_name()}, CUDA {torch.version.cuda}"
-                                      if torch.cuda.is_available() else ", CPU"))
-PY
+if [[ -n "$wheels" ]]; then
+  [[ -d "$wheels" ]] || { echo "error: --wheels $wheels: no such folder" >&2; exit 2; }
+  "$PYTHON" tools/gpu/wheels.py verify "$wheels"
+  site="$(mktemp -d "${TMPDIR:-/tmp}/gamma-titan-site.XXXXXX")"
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check \
+    --target "$site" "$wheels"/*.whl
+  export PYTHONPATH="$PYTHONPATH:$site"   # the working tree first: its gamma_titan is the one tested
+  echo "installed $(ls "$wheels"/*.whl | wc -l) wheels into $site in $((SECONDS - started)) s"
+fi
+"$PYTHON" tools/gpu/wheels.py installed || {
+  echo "error: $("$PYTHON" -c 'import sys; print(sys.executable)') lacks what the project needs (above); on a bare image pass --wheels DIR" >&2
+  exit 2
+}
 # Built-in tokenizer and shards first, outside the timed checks (cached for every run).
 "$PYTHON" -c "import gamma_titan; from gamma_titan.data.builtin_shards import ensure_builtin_shards; from gamma_titan.data.tokenizer import ensure_builtin_tokenizer; ensure_builtin_shards(ensure_builtin_tokenizer())"
-exec "$PYTHON" tools/gpu_check.py "$@"
+echo "ready after $((SECONDS - started)) s (install and built-in assets)"
+exec "$PYTHON" tools/gpu_check.py "${args[@]}"

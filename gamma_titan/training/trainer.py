@@ -17,6 +17,8 @@ what TorchTitan offers to override:
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torchtitan.distributed.utils as dist_utils
 from torchtitan.components.checkpoint import CheckpointManager
@@ -25,10 +27,30 @@ from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
+from gamma_titan.init import canonical_name
+from gamma_titan.models.common.parallelize import FLOAT8_LINEAR
 from gamma_titan.training.checkpoint import GammaCheckpointManager
 from gamma_titan.diagnostics import LiveDiagnostics, build_probe_batch, diagnostics_due
 from gamma_titan.models.common.moe import set_micro_batch_share
 from gamma_titan.training.reliability import GracefulStop, StepGuard, step_verdict
+
+
+def float8_layers(model_parts) -> str:
+    """Which linear layers the float8 converter swapped and which it kept in high precision,
+    by name pattern (layer indices as *): what the GPU acceptance check reads."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    converted, kept = {}, set()
+    for part in model_parts:
+        for name, module in part.named_modules():
+            if isinstance(module, torch.nn.Linear):
+                pattern = re.sub(r"layers\.\d+\.", "layers.*.", canonical_name(name))
+                if isinstance(module, Float8Linear):
+                    converted[pattern] = converted.get(pattern, 0) + 1
+                else:
+                    kept.add(pattern)
+    return (f"float8: {sum(converted.values())} linear layers converted ({', '.join(sorted(converted))}); "
+            f"high precision: [{', '.join(sorted(kept))}]")
 
 
 class GammaTrainer(Trainer):
@@ -48,6 +70,8 @@ class GammaTrainer(Trainer):
             self.metrics_processor.diagnostics_attached = True
             if job_config.checkpoint.enable:
                 self.checkpointer.track_diagnostics(self.diagnostics, job_config.checkpoint.load_step)
+        if FLOAT8_LINEAR in job_config.model.converters:
+            logger.info(float8_layers(self.model_parts))
         reliability = job_config.gamma.reliability
         self.guard = StepGuard(reliability)
         self.graceful_stop = GracefulStop(reliability.stop_grace_seconds)

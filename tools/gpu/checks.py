@@ -1,0 +1,420 @@
+"""The checks of the GPU acceptance check: what each one runs, and its time budget.
+
+Each check runs the real CLI (`gamma-titan inspect`, `gamma-titan train`, which is torchrun)
+in processes of its own, within a budget estimated from its parts (`Budget`, below each
+check). A run that outlives its check's budget is killed with everything it started
+(tools/gpu/procs.py). What a check must see to PASS is in tools/gpu/judges.py.
+
+On one H100/H200 the budgets add up to at most ONE_GPU_SECONDS (7 minutes); the checks
+that need more GPUs print SKIP there, and add their own budgets where they run.
+`dry_run` runs the same pipeline on the CPU at debug shapes, eager, float8 emulated.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .judges import MFU_FLOOR_PERCENT, MIN_LOSS_DROP, MIN_SPEED_VS_TITAN, Run, Verdict, judge_dense, judge_diagnostics, judge_drill, judge_float8, judge_kernels, \
+    judge_moe, judge_parallel
+from .procs import run_until
+
+REPO = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "gamma_titan.cli"]
+BENCH_GPU = REPO / "tools" / "bench" / "gpu.py"  # registers TorchTitan's llama3 at our shape
+#: What the checks of one GPU may take together (the install and the built-in assets come
+#: before them: the whole gpu_check.sh stays within 8 minutes).
+ONE_GPU_SECONDS = 420
+#: Margin on every estimate.
+MARGIN = 1.1
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Seconds on one H100/H200 (16 CPU cores), from the parts of a check, times MARGIN.
+    launch: interpreters, torch and torchtitan imports, the CUDA context, the data loader;
+    init: building the model and drawing its weights (~1 ns a value on 16 threads);
+    compile: inductor, cold or with the kernels earlier runs left in its cache;
+    steps: training steps at the stated MFU; io: checkpoint bytes at a stated throughput."""
+
+    launch: float = 0.0
+    init: float = 0.0
+    compile: float = 0.0
+    steps: float = 0.0
+    io: float = 0.0
+
+    @property
+    def seconds(self) -> int:
+        return math.ceil(MARGIN * (self.launch + self.init + self.compile + self.steps + self.io))
+
+
+#: Local disk throughput the drill's budget assumes (NVMe, page cache not counted on).
+DISK_BYTES_PER_S = 1.5e9
+STEP_S_DENSE = 0.46  # 1.5B: 9.8 GFLOP/token x 16,384 tokens at 35% of 989 TFLOP/s
+STEP_S_MOE = 0.40  # 3B-A0.5B MLA: ~3.5 GFLOP/token x 16,384 tokens at 15%
+
+BUDGETS: dict[str, Budget] = {
+    # one process, 6 configs inspected 2 layers deep on the CPU (~3 s each)
+    "inspect": Budget(launch=12, init=18),
+    # 3 runs of 1.5B: llama3-like gamma (cold: block fwd+bwd and loss graphs, 2 x 20 s),
+    # TorchTitan's llama3 and gamma with its gate (~20 s each, most Triton kernels cached)
+    "dense_bf16": Budget(launch=3 * 13, init=3 * 3, compile=40 + 20 + 20, steps=3 * 20 * STEP_S_DENSE),
+    # dense and MoE MLA blocks and the loss: 3 graphs cold, ~21 s each
+    "moe_mla_bf16": Budget(launch=14, init=4, compile=3 * 21, steps=20 * STEP_S_MOE),
+    # the float8 block graph cold (the loss graph cached), 20 steps ~15% faster
+    "dense_float8": Budget(launch=14, init=3, compile=30, steps=20 * 0.85 * STEP_S_DENSE),
+    # 1.5B widths at 6 layers (540M parameters, 6.5 GB a full checkpoint), eager; two runs:
+    # saves at steps 3 and at SIGTERM, then a load and a model-only last save (2.2 GB)
+    "sigterm_drill": Budget(launch=2 * 14, init=2, steps=5 * 0.5, io=(3 * 6.5e9 + 2.2e9) / DISK_BYTES_PER_S),
+    # from dense_bf16's runs: no process of its own
+    "diagnostics": Budget(),
+}
+#: Three runs of a debug model each, eager, 20 steps.
+MULTI_GPU_BUDGET = Budget(launch=3 * 14, init=3, steps=3 * 20 * 0.1)
+
+
+@dataclass
+class Setup:
+    """What every check shares: where its logs and runs go, and the GPU or dry-run scale."""
+
+    logs: Path
+    dry_run: bool = False
+    gpus: int = 1
+    steps: int = 20
+    warmup: int = 5
+    dense: str = "configs/dense/1.5B.toml"
+    moe: list[str] = field(default_factory=lambda: ["configs/moe/3B-A0.5B.toml", "--model.flavor", "3B-A0.5B-mla"])
+    drill: list[str] = field(default_factory=lambda: ["configs/dense/1.5B.toml", "--model_args.n_layers", "6"])
+    #: Every attention kind and MoE size, inspected one dense and one MoE block deep.
+    inspected: list[list[str]] = field(default_factory=lambda: [
+        ["configs/dense/1.5B.toml"], ["configs/moe/1.5B-A0.25B.toml"],
+        ["configs/moe/1.5B-A0.25B.toml", "--model.flavor", "1.5B-A0.25B-mla"], ["configs/moe/3B-A0.5B.toml"],
+        ["configs/moe/3B-A0.5B.toml", "--model.flavor", "3B-A0.5B-mla"], ["configs/moe/16B-A2.4B.toml"]])
+    diagnostics_freq: int = 5
+
+    def __post_init__(self) -> None:
+        if self.dry_run:
+            self.steps, self.warmup = 6, 1
+            self.dense, self.drill = "configs/dense/debug.toml", ["configs/dense/debug.toml"]
+            self.moe = ["configs/moe/debug_mla.toml"]
+            self.inspected = [["configs/dense/debug.toml"], ["configs/moe/debug.toml"], ["configs/moe/debug_mla.toml"]]
+            self.diagnostics_freq = 4  # measured at 1 and 4; steps 3 and 6 clean
+
+    def budget(self, name: str) -> int:
+        """Seconds for check `name`: the estimate on a GPU; on the CPU (dry run) a flat 300."""
+        return 300 if self.dry_run else (BUDGETS.get(name) or MULTI_GPU_BUDGET).seconds
+
+    def common(self, steps: int | None = None) -> list[str]:
+        """Trainer flags every training run shares: one GPU's own batch, a metrics line per
+        step, nothing saved or validated, a 5-step warm-up so that 20 steps train."""
+        flags = ["--nproc", "1", "--training.steps", str(steps or self.steps), "--training.global_batch_size", "-1",
+                 "--training.local_batch_size", "8", "--metrics.log_freq", "1",
+                 "--metrics.enable_tensorboard", "false", "--validation.enable", "false",
+                 "--checkpoint.enable", "false", "--lr_scheduler.warmup_steps", "5",
+                 "--gamma.diagnostics.enable", "false"]
+        if self.dry_run:
+            flags += ["--compile.enable", "false", "--training.seq_len", "128", "--training.local_batch_size", "2",
+                      "--quantize.linear.float8.emulate", "true"]
+        return flags
+
+
+def read_metrics(dump: Path) -> list[dict]:
+    path = dump / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def train(setup: Setup, name: str, argv: list[str], deadline: float, on_poll=None) -> Run:
+    """One training run (its dump folder `<logs>/runs/<name>`), killed at `deadline`."""
+    dump = setup.logs / "runs" / name
+    env = {**os.environ, "TORCH_LOGS": "graph_breaks,recompiles"}
+    done = run_until([*argv, "--job.dump_folder", str(dump)], setup.logs / f"{name}.log", deadline, env=env,
+                     cwd=REPO, on_poll=on_poll)
+    return Run(read_metrics(dump), done.output, done.code, done.seconds)
+
+
+def resolve(argv: list[str]):
+    """The model args a config (and flags) gives, without building anything."""
+    from gamma_titan.config import load_job_config
+    from gamma_titan.inspect_model import resolve_model
+
+    config_file, *flags = argv
+    return resolve_model(load_job_config(["--job.config_file", str(REPO / config_file), *flags]))
+
+
+def first_step_loss(argv: list[str]) -> float | None:
+    """Step 1's loss at the config's γ-init, from the shapes alone: the output head's weights
+    are N(0, d^-2γ) (γ of the `output` group) and the final RMSNorm gives every token a
+    vector of RMS 1, so the logits are N(0, σ² = d^(1-2γ)) and the cross entropy is
+    ln V + σ²/2. None where σ² is not small (γ near 0.5), which the expansion needs."""
+    _, args = resolve(argv)
+    variance = args.dim ** (1 - 2 * args.init.rate_for("output"))
+    return math.log(args.vocab_size) + variance / 2 if variance <= 0.05 else None
+
+
+# --- inspect: kernels, every MoE config ----------------------------------------------------------
+
+def inspect_all(setup: Setup, deadline: float) -> list[tuple[str, Verdict]]:
+    """kernels + inspect_moe: `gamma-titan inspect --json` of every config in one process
+    (`python tools/gpu_check.py --inspect ...`, one JSON line per config)."""
+    specs = [" ".join(argv) for argv in setup.inspected]
+    command = [sys.executable, str(REPO / "tools" / "gpu_check.py"), "--inspect", *specs]
+    done = run_until(command, setup.logs / "inspect.log", deadline, cwd=REPO)
+    reports = {}
+    for line in done.output.splitlines():
+        if line.startswith('{"inspected"'):
+            item = json.loads(line)
+            reports[item["inspected"]] = item
+    kernels, failures = {}, []
+    for spec in specs:
+        item = reports.get(spec)
+        label = label_of(spec)
+        if item is None or "error" in item:
+            failures.append(f"{label}: {item['error'] if item else ('timeout' if done.timed_out else 'no report')}")
+            continue
+        for line in item["attention_kernels"]:
+            kind = re.search(r"attention (\w+): SDPA kernel (\w+)", line)
+            kernels[f"{label} {kind.group(1)}"] = kind.group(2)
+    moe = [s for s in specs if "configs/moe/" in s]
+    moe_failed = [f for f in failures if f.startswith("moe/")]
+    inspect = Verdict(not moe_failed, f"{len(moe) - len(moe_failed)}/{len(moe)} MoE configs inspected",
+                      {"inspected": [label_of(s) for s in specs if s in reports and "error" not in reports[s]]},
+                      moe_failed)
+    if moe_failed:
+        inspect.figure = "; ".join(moe_failed) + " | " + inspect.figure
+    return [("kernels", judge_kernels(kernels, failures, on_gpu=not setup.dry_run)), ("inspect_moe", inspect)]
+
+
+def label_of(spec: str) -> str:
+    config, *rest = spec.split()
+    flavor = rest[rest.index("--model.flavor") + 1] if "--model.flavor" in rest else Path(config).stem
+    return f"{Path(config).parent.name}/{flavor}"
+
+
+def inspect_main(specs: list[str]) -> int:
+    """`gpu_check.py --inspect SPEC...`: `gamma-titan inspect SPEC --json` for each, in this
+    process (one start-up for all), 2 layers deep; prints {"inspected": SPEC, ...report}."""
+    import contextlib
+    import io
+
+    from gamma_titan.cli import main as cli_main
+
+    for spec in specs:
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):
+                cli_main(["inspect", *spec.split(), "--json", "--model_args.n_layers", "2"])
+        except SystemExit as stop:
+            if stop.code not in (0, None):
+                print(json.dumps({"inspected": spec, "error": f"exit {stop.code}: {out.getvalue()[-300:]}"}), flush=True)
+                continue
+        except Exception as e:  # noqa: BLE001  (reported as this config's failure)
+            print(json.dumps({"inspected": spec, "error": f"{type(e).__name__}: {e}"[:300]}), flush=True)
+            continue
+        report = json.loads(out.getvalue().strip().splitlines()[-1])
+        print(json.dumps({"inspected": spec, "attention_kernels": report["attention_kernels"]}), flush=True)
+    return 0
+
+
+# --- dense: MFU, against TorchTitan, the gate, the diagnostics --------------------------------------
+
+#: gamma_dense configured as TorchTitan's llama3 computes: the same arithmetic.
+LIKE_LLAMA3 = ["--gamma.init_rate", "0.5", "--gamma.norm_eps", "1e-5", "--gamma.attention_gate", "none"]
+
+
+def dense_bf16(setup: Setup, deadline: float) -> Verdict:
+    common = setup.common()
+    ours = train(setup, "dense_like_llama3", [*CLI, "train", setup.dense, *common, *LIKE_LLAMA3], deadline)
+    # tools/bench/gpu.py trains in its own process (no torchrun): no --nproc
+    bench_flags = ["--job.config_file", str(REPO / setup.dense), *common[2:], *LIKE_LLAMA3]
+    titan = train(setup, "dense_llama3", [sys.executable, str(BENCH_GPU), "--run-variant", "llama3_bench",
+                                          *bench_flags], deadline)
+    default = train(setup, "dense_default", [*CLI, "train", setup.dense, *common, "--gamma.diagnostics.enable", "true",
+                                             "--gamma.diagnostics.freq", str(setup.diagnostics_freq)], deadline)
+    _, gated = resolve([setup.dense])
+    _, plain = resolve([setup.dense, "--gamma.attention_gate", "none"])
+    seq = 128 if setup.dry_run else 2048
+    share = 1 - plain.flops_per_token(seq) / gated.flops_per_token(seq)
+    verdict = judge_dense(ours, titan, default, setup.steps, setup.warmup, first_step_loss([setup.dense]), share,
+                          compiled=not setup.dry_run,  # CPU: no compile, no peak FLOPs, noisy: printed only
+                          mfu_floor=0.0 if setup.dry_run else MFU_FLOOR_PERCENT,
+                          min_speed=0.0 if setup.dry_run else MIN_SPEED_VS_TITAN)
+    return verdict
+
+
+def saved_run(setup: Setup, name: str) -> Run | None:
+    """A run an earlier check left in the logs (also one of an earlier, resumed gpu_check)."""
+    log = setup.logs / f"{name}.log"
+    return Run(read_metrics(setup.logs / "runs" / name), log.read_text(errors="replace")) if log.exists() else None
+
+
+def diagnostics(setup: Setup) -> Verdict:
+    """From dense_bf16's run with its default knobs, which measured at step 1 and every
+    `diagnostics_freq` steps."""
+    default = saved_run(setup, "dense_default")
+    if default is None:
+        return Verdict(False, "no dense_default run (dense_bf16 makes it)", {}, ["no run"])
+    return judge_diagnostics(default, setup.warmup, setup.diagnostics_freq)
+
+
+# --- float8 and MoE ------------------------------------------------------------------------------------
+
+FLOAT8 = ["--model.converters", "quantize.linear.float8", "--quantize.linear.float8.recipe_name", "tensorwise"]
+#: Linear layers that must stay in high precision, by the end of their name.
+HIGH_PRECISION_SUFFIXES = ("output", "router.gate")
+
+
+def expected_float8_layers(argv: list[str]) -> tuple[int, set[str], set[str]]:
+    """Every nn.Linear of the model (built on the meta device) is converted but the output
+    head, the router and a headwise gate (n_heads columns): count, patterns, kept patterns."""
+    import torch
+
+    spec, args = resolve(argv)
+    with torch.device("meta"):
+        model = spec.model_cls(args)
+    converted, kept = {}, set()
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            pattern = re.sub(r"layers\.\d+\.", "layers.*.", name)
+            headwise = name.endswith("gate_proj") and module.out_features == args.n_heads
+            if name.endswith(HIGH_PRECISION_SUFFIXES) or headwise:
+                kept.add(pattern)
+            else:
+                converted[pattern] = converted.get(pattern, 0) + 1
+    return sum(converted.values()), set(converted), kept
+
+
+def dense_float8(setup: Setup, deadline: float) -> Verdict:
+    """Against dense_bf16's run with the same knobs (its losses and tokens/s)."""
+    run = train(setup, "dense_float8", [*CLI, "train", setup.dense, *setup.common(), *FLOAT8], deadline)
+    bf16 = saved_run(setup, "dense_default") or Run()
+    return judge_float8(run, bf16, setup.steps, setup.warmup, expected_float8_layers([setup.dense]),
+                        compiled=not setup.dry_run)
+
+
+def moe_mla_bf16(setup: Setup, deadline: float) -> Verdict:
+    config, *flavor = setup.moe
+    run = train(setup, "moe_mla_bf16", [*CLI, "train", config, *flavor, *setup.common()], deadline)
+    return judge_moe(run, setup.steps, first_step_loss(setup.moe), compiled=not setup.dry_run,
+                     min_drop=DRY_RUN_MIN_LOSS_DROP if setup.dry_run else MIN_LOSS_DROP)
+
+
+#: The debug MoE's loss over the dry run's 6 steps (lr still warming up): it fell 4.1% in 4
+#: steps on this machine.
+DRY_RUN_MIN_LOSS_DROP = 0.02
+
+
+# --- SIGTERM and resume ----------------------------------------------------------------------------
+
+RESUME_STEP = 3  # the interval checkpoint the resumed run starts from
+
+
+def sigterm_drill(setup: Setup, deadline: float) -> Verdict:
+    """SIGTERM to `gamma-titan train` once step RESUME_STEP + 1 is logged (checkpoints every
+    RESUME_STEP steps, eager): it must save the step in progress and exit. A second run
+    starts from the first one's step-RESUME_STEP checkpoint (hard-linked into its own
+    folder: nothing of the first run is touched) and trains one step: the same loss."""
+    from gamma_titan.training.launch import save_seconds
+    from gamma_titan.training.reliability import checkpoint_steps
+
+    config, *flags = setup.drill
+    base = [*CLI, "train", config, *flags, *setup.common(steps=1000), "--compile.enable", "false",
+            "--checkpoint.enable", "true", "--checkpoint.interval", str(RESUME_STEP),
+            "--checkpoint.keep_latest_k", "0", "--checkpoint.last_save_model_only", "false"]
+    first_dump = setup.logs / "runs" / "sigterm_drill"
+    signalled: dict[str, float] = {}
+
+    def signal_after_steps(proc) -> bool:
+        if len(read_metrics(first_dump)) > RESUME_STEP:
+            signalled["at"] = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            return True
+        return False
+
+    first = train(setup, "sigterm_drill", base, deadline, on_poll=signal_after_steps)
+    stop_seconds = (time.monotonic() - signalled["at"]) if "at" in signalled and first.code is not None else None
+    saved, incomplete = checkpoint_steps(first_dump / "checkpoint")
+    times = re.findall(r"Finished saving the checkpoint.*?in ([\d.]+) seconds", first.log)
+    params = re.search(r"model \w+: ([\d,]+) parameters", first.log)
+    estimate = save_seconds(int(params.group(1).replace(",", "")), nodes=1) if params else None
+    resumed_dump = setup.logs / "runs" / "sigterm_drill_resumed"
+    source = first_dump / "checkpoint" / f"step-{RESUME_STEP}"
+    resumed = Run(code=None)
+    if source.is_dir():
+        link_tree(source, resumed_dump / "checkpoint" / source.name)
+        argv = [a for a in base]
+        argv[argv.index("--training.steps") + 1] = str(RESUME_STEP + 1)
+        argv[argv.index("--checkpoint.last_save_model_only") + 1] = "true"
+        resumed = train(setup, "sigterm_drill_resumed", argv, deadline)
+    return judge_drill(first, resumed, RESUME_STEP, saved, incomplete, float(times[-1]) if times else None,
+                       estimate, stop_seconds)
+
+
+def link_tree(source: Path, dest: Path) -> None:
+    """A copy of `source` made of hard links (no bytes written; the original stays as it is)."""
+    for path in sorted(source.rglob("*")):
+        target = dest / path.relative_to(source)
+        if path.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.link(path, target)
+
+
+# --- layouts of several GPUs ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Layout:
+    """A parallel layout of one of TorchTitan's models with the knobs, against one GPU."""
+
+    config: str
+    gpus: int
+    flags: tuple[str, ...]  # the layout's [parallelism] degrees
+    local_batch: int  # of the layout's ranks, for GLOBAL_BATCH sequences a step
+    settings: tuple[str, ...] = ()
+
+
+#: Sequences a step in every layout check.
+GLOBAL_BATCH = 16
+#: bf16 throughout (`training.dtype`): TorchTitan applies mixed precision only under FSDP, and
+#: neither its context parallelism nor DTensor SDPA has an fp32 kernel (cuDNN, flash: bf16).
+LAYOUTS = {
+    "titan_cp2": Layout("configs/titan/llama3_debug.toml", 2,
+                        ("--parallelism.context_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"),
+                        GLOBAL_BATCH),
+    "qwen3_tp2": Layout("configs/titan/qwen3_debug.toml", 2,
+                        ("--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"),
+                        GLOBAL_BATCH),
+    # expert parallelism borrows the 2 data-parallel ranks; lr 3e-4 and round-robin routing
+    # keep 20 steps calm (tests/titan_cases.py)
+    "deepseek_ep2": Layout("configs/titan/deepseek_v3_debug.toml", 2,
+                           ("--parallelism.expert_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "2"),
+                           GLOBAL_BATCH // 2, ("--optimizer.lr", "3e-4", "--debug.moe_force_load_balance", "true")),
+}
+
+
+def layout_check(setup: Setup, name: str, deadline: float) -> Verdict:
+    """The layout against one GPU on the same global batch, with the tolerance measured by
+    one GPU summing that batch in two micro-batches (judges.judge_parallel)."""
+    layout = LAYOUTS[name]
+    if setup.dry_run or setup.gpus < layout.gpus:
+        found = "a CPU" if setup.dry_run else f"{setup.gpus} GPU"
+        return Verdict(None, f"needs {layout.gpus} CUDA devices, {found} here", {"skipped": True})
+    common = [*setup.common(), "--training.global_batch_size", str(GLOBAL_BATCH), "--training.dtype", "bfloat16",
+              "--training.mixed_precision_param", "bfloat16", *layout.settings]
+
+    def run(tag: str, nproc: int, local: int, *flags: str) -> Run:
+        argv = [*CLI, "train", layout.config, *common, "--training.local_batch_size", str(local), *flags]
+        argv[argv.index("--nproc") + 1] = str(nproc)
+        return train(setup, f"{name}_{tag}", argv, deadline)
+
+    reference = run("1gpu", 1, GLOBAL_BATCH)
+    reordered = run("1gpu_2micro", 1, GLOBAL_BATCH // 2)
+    parallel = run(f"{layout.gpus}gpu", layout.gpus, layout.local_batch, *layout.flags)
+    return judge_parallel(reference, reordered, parallel, setup.steps)
