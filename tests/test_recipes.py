@@ -186,6 +186,21 @@ def test_stop_grace_covers_the_save_of_a_big_model():
     assert shutdown_timeout(326) == 326 + SHUTDOWN_MARGIN_SECONDS
 
 
+def test_a_torchrun_without_shutdown_timeout_gets_no_flag_and_a_warning(monkeypatch):
+    """torch 2.11's torchrun has no --shutdown-timeout (it SIGKILLs 30 s after SIGTERM):
+    the launches leave the flag out and say what it costs; torch 2.13's has it."""
+    from gamma_titan.training import launch
+
+    assert launch.torchrun_takes_shutdown_timeout()  # this machine's torch 2.13
+    assert "--shutdown-timeout=360" in launch.torchrun_command(1, ["x"], 300)[0]
+    assert launch.shutdown_warning(300) is None
+    monkeypatch.setattr(launch, "torchrun_takes_shutdown_timeout", lambda: False)
+    command, _ = launch.torchrun_command(1, ["x"], 300)
+    assert not any(a.startswith("--shutdown-timeout") for a in command)
+    assert "SIGKILLs the workers 30 s after forwarding SIGTERM" in launch.shutdown_warning(300)
+    assert "stop_grace_seconds = 300" in launch.shutdown_warning(300) and launch.shutdown_warning(20) is None
+
+
 def _fake_sbatch(folder: Path) -> Path:
     folder.mkdir()
     script = folder / "sbatch"

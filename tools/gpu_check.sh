@@ -14,28 +14,9 @@ started=$SECONDS
 if [[ -z "${PYTHON:-}" ]]; then
   if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
-wheels="" args=()
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --wheels) [[ $# -ge 2 ]] || { echo "error: --wheels needs a folder" >&2; exit 2; }; wheels="$2"; shift 2 ;;
-    --wheels=*) wheels="${1#--wheels=}"; shift ;;
-    *) args+=("$1"); shift ;;
-  esac
-done
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
-if [[ -n "$wheels" ]]; then
-  [[ -d "$wheels" ]] || { echo "error: --wheels $wheels: no such folder" >&2; exit 2; }
-  "$PYTHON" tools/gpu/wheels.py verify "$wheels"
-  site="$(mktemp -d "${TMPDIR:-/tmp}/gamma-titan-site.XXXXXX")"
-  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check \
-    --target "$site" "$wheels"/*.whl
-  export PYTHONPATH="$PYTHONPATH:$site"   # the working tree first: its gamma_titan is the one tested
-  echo "installed $(ls "$wheels"/*.whl | wc -l) wheels into $site in $((SECONDS - started)) s"
-fi
-"$PYTHON" tools/gpu/wheels.py installed || {
-  echo "error: $("$PYTHON" -c 'import sys; print(sys.executable)') lacks what the project needs (above); on a bare image pass --wheels DIR" >&2
-  exit 2
-}
+source tools/gpu/install.sh
+gpu_prepare "$@" || exit 2  # sets args: the arguments left for the Python script
 # Built-in tokenizer and shards first, outside the timed checks (cached for every run).
 "$PYTHON" -c "import gamma_titan; from gamma_titan.data.builtin_shards import ensure_builtin_shards; from gamma_titan.data.tokenizer import ensure_builtin_tokenizer; ensure_builtin_shards(ensure_builtin_tokenizer())"
 echo "ready after $((SECONDS - started)) s (install and built-in assets)"

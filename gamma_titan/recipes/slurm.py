@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from gamma_titan.errors import ConfigError
-from gamma_titan.training.launch import save_seconds, shutdown_timeout
+from gamma_titan.training.launch import save_seconds, shutdown_flags, shutdown_timeout, shutdown_warning
 from gamma_titan.recipes.plan import PlannedRun
 from gamma_titan.recipes.spec import PROJECT_ROOT, Scale
 
@@ -34,12 +34,15 @@ def _time_limit(run: PlannedRun, scale: Scale) -> str:
 
 def sbatch_script(run: PlannedRun, scale: Scale, run_dir: Path, recipe: str) -> str:
     train = " ".join(shlex.quote(a) for a in ["-m", "gamma_titan.train", *run.argv(run_dir)])
+    flags = "".join(f"    {flag} \\\n" for flag in shutdown_flags(run.stop_grace_seconds))
+    warning = shutdown_warning(run.stop_grace_seconds)
+    warning = f"# {warning}\n" if warning else ""
     return f"""#!/bin/bash
 # gamma-titan recipe {recipe}, scale {scale.name}, run {run.name}: {run.steps} steps,
 # {run.tokens / 1e9:.4g}B tokens, ≈ {run.gpu_hours:.4g} GPU-hours. Written by `gamma-titan recipe run`.
 # Stop: SIGTERM {shutdown_timeout(run.stop_grace_seconds)} s before the time limit; the trainer finishes its step and
 # saves (≈ {save_seconds(run.params, run.nodes):.0f} s estimated) within {run.stop_grace_seconds:g} s; torchrun waits as long.
-#SBATCH --job-name=gt-{recipe}-{run.name}
+{warning}#SBATCH --job-name=gt-{recipe}-{run.name}
 #SBATCH --nodes={run.nodes}
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node={run.gpus_per_node}
@@ -61,8 +64,7 @@ mkdir -p {shlex.quote(str(run_dir))}
 
 srun --kill-on-bad-exit=1 "$PYTHON" -m torch.distributed.run \\
     --nnodes="$SLURM_JOB_NUM_NODES" --nproc_per_node={run.gpus_per_node} \\
-    --shutdown-timeout={shutdown_timeout(run.stop_grace_seconds)} \\
-    --rdzv_id="$SLURM_JOB_ID" --rdzv_backend=c10d --rdzv_endpoint="$head_node_ip:{RDZV_PORT}" \\
+{flags}    --rdzv_id="$SLURM_JOB_ID" --rdzv_backend=c10d --rdzv_endpoint="$head_node_ip:{RDZV_PORT}" \\
     --local-ranks-filter=0 --role=rank --tee=3 \\
     {train}
 """

@@ -46,6 +46,35 @@ def shutdown_timeout(grace_seconds: float) -> int:
     return math.ceil(grace_seconds) + SHUTDOWN_MARGIN_SECONDS
 
 
+#: Where torchrun has no --shutdown-timeout, it SIGKILLs its workers this long after it
+#: forwards SIGTERM, whatever the run needs (torch/distributed/elastic/multiprocessing/api.py).
+FIXED_SHUTDOWN_SECONDS = 30
+
+
+def torchrun_takes_shutdown_timeout() -> bool:
+    """Whether this torch's torchrun has --shutdown-timeout (pytorch#172596, merged 2026-03:
+    torch 2.13 has it, 2.11 does not; measured on both wheels)."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    return "shutdown_timeout" in LaunchConfig.__dataclass_fields__
+
+
+def shutdown_flags(grace_seconds: float) -> list[str]:
+    """torchrun's flag for this grace period, where torchrun takes one."""
+    return [f"--shutdown-timeout={shutdown_timeout(grace_seconds)}"] if torchrun_takes_shutdown_timeout() else []
+
+
+def shutdown_warning(grace_seconds: float) -> str | None:
+    """One line when this torch's torchrun would cut the grace period short."""
+    if torchrun_takes_shutdown_timeout() or grace_seconds <= FIXED_SHUTDOWN_SECONDS:
+        return None
+    import torch
+
+    return (f"warning: torch {torch.__version__}'s torchrun has no --shutdown-timeout: it SIGKILLs the workers "
+            f"{FIXED_SHUTDOWN_SECONDS} s after forwarding SIGTERM, so a stop that needs longer than that "
+            f"(gamma.reliability.stop_grace_seconds = {grace_seconds:g}) loses its checkpoint; torch 2.13 has the flag")
+
+
 def torchrun_command(nproc: int, argv: list[str], grace_seconds: float,
                      threads: int | None = None) -> tuple[list[str], dict[str, str]]:
     """torchrun with `nproc` ranks running `gamma_titan.train argv`, and its environment:
@@ -53,7 +82,7 @@ def torchrun_command(nproc: int, argv: list[str], grace_seconds: float,
     (or `threads` each). `grace_seconds`: the run's gamma.reliability.stop_grace_seconds."""
     command = [
         sys.executable, "-m", "torch.distributed.run",
-        "--standalone", f"--nproc_per_node={nproc}", f"--shutdown-timeout={shutdown_timeout(grace_seconds)}",
+        "--standalone", f"--nproc_per_node={nproc}", *shutdown_flags(grace_seconds),
         "--local-ranks-filter", "0", "--role", "rank", "--tee", "3",
         "-m", "gamma_titan.train", *argv,
     ]

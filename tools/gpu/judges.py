@@ -296,7 +296,8 @@ def judge_drill(first: Run, resumed: Run, resume_step: int, saved: list[int], in
                "estimated_save_seconds": estimate, "stop_seconds": stop_seconds, "resumed_loss": ours,
                "uninterrupted_loss": theirs}
     figure = (f"stopped at step {last} in {stop_seconds or 0:.1f} s, save {save_seconds or 0:.1f} s "
-              f"(estimate {estimate or 0:.1f} s); resumed step {step} loss {'equal' if ours == theirs else 'differs'}")
+              f"(estimate {estimate or 0:.1f} s); resumed step {step} loss "
+              f"{'equal' if ours == theirs is not None else f'{ours} vs {theirs}'}")
     return _verdict(failures, figure, details)
 
 
