@@ -443,10 +443,11 @@ def test_dry_run_passes_every_check_through_the_real_cli(dry_run):
         assert dense["losses"][name][-1] < dense["losses"][name][0] and dense["tokens_per_s"][name] > 0
     assert 0 < dense["gate_flop_share"] < 0.2 and dense["speed_vs_titan"] > 0
     diagnostics = checks_["diagnostics"]
-    assert diagnostics["measured_steps"] == [1, 4] and diagnostics["overhead_at_freq_1"] > 1
+    assert diagnostics["measured_steps"] == [1, 3] and diagnostics["overhead_at_freq_1"] > 1
     float8 = checks_["dense_float8"]
     assert float8["layers"] == float8["expected_layers"] and float8["layers"][2] == ["output"]
-    assert float8["final_loss_rel_diff"] < 1e-3  # emulated float8 against fp32, 6 steps: measured 2.8e-4
+    # emulated float8 against fp32: measured 2.8e-4 after 6 steps (torch 2.13), 6.1e-4 (torch 2.11)
+    assert float8["final_loss_rel_diff"] < 2e-3
     assert float8["losses"] != dense["losses"]["gamma (default knobs)"]
     drill = checks_["sigterm_drill"]
     assert drill["saved"][0] == 3 and drill["last_step"] in drill["saved"] and not drill["incomplete"]
@@ -459,13 +460,18 @@ def test_dry_run_passes_every_check_through_the_real_cli(dry_run):
 
 @pytest.mark.multiprocess
 def test_a_dry_run_resumes_and_reruns_only_what_it_is_told(dry_run):
-    """The finished report: a second run keeps every check; --only kernels reruns inspect."""
+    """The finished report: a second run keeps every check; --only diagnostics reruns that
+    one (from dense_bf16's run on disk: no trainer starts)."""
     proc, out = dry_run
+    before = json.loads(out.read_text())["checks"]
     again = subprocess.run(["bash", str(REPO / "tools" / "gpu_check.sh"), "--dry-run", "--out", str(out),
-                            "--only", "kernels"], capture_output=True, text=True, timeout=300, cwd=REPO)
+                            "--only", "diagnostics"], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
     ran = [line.split()[1] for line in again.stdout.split("check          status")[0].splitlines()
            if line.startswith(("PASS", "FAIL", "SKIP"))]
-    assert "resuming" in again.stdout and ran == ["kernels", "inspect_moe"]
+    assert "resuming" in again.stdout and ran == ["diagnostics"]
     report = json.loads(out.read_text())
-    assert set(report["replaced"]) == {"kernels", "inspect_moe"}
+    assert list(report["replaced"]) == ["diagnostics"] and report["replaced"]["diagnostics"] == [before["diagnostics"]]
+    assert {k: v for k, v in report["checks"].items() if k != "diagnostics"} == \
+        {k: v for k, v in before.items() if k != "diagnostics"}
+    assert report["checks"]["diagnostics"]["overhead_at_freq_1"] == before["diagnostics"]["overhead_at_freq_1"]

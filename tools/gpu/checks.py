@@ -101,11 +101,11 @@ class Setup:
 
     def __post_init__(self) -> None:
         if self.dry_run:
-            self.steps, self.warmup = 6, 1
+            self.steps, self.warmup = 5, 1
             self.dense, self.drill = "configs/dense/debug.toml", ["configs/dense/debug.toml"]
             self.moe = ["configs/moe/debug_mla.toml"]
             self.inspected = [["configs/dense/debug.toml"], ["configs/moe/debug.toml"], ["configs/moe/debug_mla.toml"]]
-            self.diagnostics_freq = 4  # measured at 1 and 4; steps 3 and 6 clean
+            self.diagnostics_freq = 3  # measured at 1 and 3; step 5 clean
 
     def budget(self, name: str) -> int:
         """Seconds for check `name`: the estimate on a GPU; on the CPU (dry run) a flat 300."""
