@@ -59,12 +59,9 @@ def cmd_train(ns, overrides: list[str]) -> int:
     argv = _config_argv(ns.config, overrides)
     config = load_job_config(argv)
     preflight(config, world_size=nproc, local_world_size=nproc)  # fail here, before torchrun starts
-    from gamma_titan.training.launch import shutdown_warning, torchrun_command
+    from gamma_titan.training.launch import torchrun_command
 
-    grace = config.gamma.reliability.stop_grace_seconds
-    command, env = torchrun_command(nproc, argv, grace)
-    if warning := shutdown_warning(grace):
-        print(warning, file=sys.stderr, flush=True)
+    command, env = torchrun_command(nproc, argv, config.gamma.reliability.stop_grace_seconds)
     print("+ " + " ".join(command), flush=True)
     os.execve(command[0], command, env)  # torchrun takes this process: SIGTERM reaches it directly
 

@@ -92,6 +92,25 @@ BATTERY = [
      "checkpoint.keep_latest_k = 1: must be 0 (keep all) or >= 2 (TorchTitan keeps a spare while the newest "
      "may still be being written)"),
     (DENSE, ["--metrics.log_freq", "0"], 1, "metrics.log_freq = 0: must be a positive integer"),
+    # what TorchTitan's CheckpointManager rejects only at the first load or the final save
+    (DENSE, ["--checkpoint.enable", "true", "--checkpoint.last_save_in_hf", "true",
+             "--checkpoint.last_save_model_only", "false"], 1,
+     "checkpoint.last_save_in_hf = true needs checkpoint.last_save_model_only = true (the Hugging Face form holds "
+     "the model only; TorchTitan would stop at the final save); or keep the full last save and run "
+     "`gamma-titan convert to-hf` on it"),
+    (DENSE, ["--checkpoint.enable", "true", "--checkpoint.initial_load_in_hf", "true",
+             "--checkpoint.initial_load_model_only", "false"], 1,
+     "checkpoint.initial_load_in_hf = true needs checkpoint.initial_load_model_only = true (a Hugging Face folder "
+     "holds the model only)"),
+    (DENSE, ["--checkpoint.enable", "true", "--checkpoint.initial_load_in_hf_quantized", "true"], 1,
+     "checkpoint.initial_load_in_hf_quantized = true needs checkpoint.initial_load_in_hf = true"),
+    (DENSE, ["--checkpoint.enable", "true", "--checkpoint.async_mode", "sometimes"], 1,
+     "checkpoint.async_mode = 'sometimes': allowed disabled, async, async_with_pinned_mem"),
+    (DENSE, ["--checkpoint.enable", "true", "--checkpoint.exclude_from_loading", "optimizer,weights"], 1,
+     "checkpoint.exclude_from_loading: 'weights' is not in a checkpoint (its parts: model, optimizer, "
+     "lr_scheduler, dataloader, train_state)"),
+    (DENSE, ["--checkpoint.enable", "true", "--checkpoint.initial_load_path", "/nonexistent/step-5"], 1,
+     "checkpoint.initial_load_path = '/nonexistent/step-5': no such folder"),
     (DENSE, ["--validation.steps", "0"], 1, "validation steps must be positive or -1"),
     ("configs/nonexistent.toml", [], 1, f"job.config_file: '{REPO / 'configs/nonexistent.toml'}' does not exist"),
 ]

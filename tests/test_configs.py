@@ -191,3 +191,31 @@ def test_float8_keeps_the_head_router_and_headwise_gate_in_high_precision(config
     assert kept == expected
     converted = {n for n, m in model.named_modules() if isinstance(m, Float8Linear)}
     assert "layers.0.attention.wo" in converted and (gate != "elementwise" or "layers.0.attention.gate_proj" in converted)
+
+
+@pytest.mark.parametrize("config_name", ["dense/7B", "moe/16B-A2.4B"])
+def test_the_big_configs_grace_covers_their_save(config_name, builtin_assets):
+    """A SIGTERM grace period shorter than a full save (12 bytes a parameter at 1 GB/s per
+    node) is warned about before training; the 7B and 16B configs set one that covers it."""
+    from gamma_titan.training.launch import save_seconds
+    from gamma_titan.training.preflight import launch_warnings
+
+    argv = ["--job.config_file", str(REPO / "configs" / f"{config_name}.toml")]
+    config = load_job_config(argv)
+    spec, args = preflight(config, world_size=8, local_world_size=8)
+    assert config.gamma.reliability.stop_grace_seconds == 600 and launch_warnings(config, args, 8, 8) == []
+    short = load_job_config([*argv, "--gamma.reliability.stop_grace_seconds", "60"])
+    spec, args = preflight(short, world_size=8, local_world_size=8)
+    params = sum(p.numel() for p in _meta_model(spec, args).parameters())
+    [warning] = launch_warnings(short, args, 8, 8)
+    assert warning.startswith(f"warning: gamma.reliability.stop_grace_seconds = 60 is shorter than a full save of "
+                              f"this model ({params / 1e9:.3g}B parameters x 12 bytes at 1 GB/s per node on 1 node: "
+                              f"about {save_seconds(params, 1):.0f} s)")
+    assert 600 >= 1.5 * save_seconds(params, 1)  # the config's grace, with the plan's headroom
+
+
+def _meta_model(spec, args):
+    import torch
+
+    with torch.device("meta"):
+        return spec.model_cls(args)

@@ -163,7 +163,8 @@ def test_torchtitans_gpu_only_layouts_pass_pre_flight_on_a_gpu_host(cuda_host, m
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))  # H100
-    for config_file, overrides in (("qwen3_debug.toml", ["--parallelism.tensor_parallel_degree", "2"]),
+    for config_file, overrides in (("qwen3_debug.toml", ["--parallelism.tensor_parallel_degree", "2",
+                                                         "--training.dtype", "bfloat16"]),
                                    ("qwen3_debug.toml", ["--model.flavor", "debugmodel_moe",
                                                          "--parallelism.expert_parallel_degree", "2"]),
                                    ("deepseek_v3_debug.toml", ["--parallelism.expert_parallel_degree", "2"])):
@@ -172,3 +173,26 @@ def test_torchtitans_gpu_only_layouts_pass_pre_flight_on_a_gpu_host(cuda_host, m
         p = config.parallelism
         assert (p.tensor_parallel_degree, p.expert_parallel_degree) == (
             (2, 1) if "--parallelism.tensor_parallel_degree" in overrides else (1, 2))
+
+
+def test_qwen3_tensor_parallel_in_float32_is_refused_on_a_gpu(cuda_host, monkeypatch, builtin_assets):
+    """TorchTitan's qwen3 TP plan hands SDPA DTensors, and DTensor SDPA has no float32
+    kernel. Without FSDP, TP trains in training.dtype; with it, in mixed_precision_param:
+    float32 either way is refused in one line, bf16 either way passes."""
+    from gamma_titan.config import load_job_config
+    from gamma_titan.errors import ConfigError
+    from gamma_titan.training.preflight import preflight
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    qwen3 = ["--job.config_file", str(REPO / "configs" / "titan" / "qwen3_debug.toml"),
+             "--parallelism.tensor_parallel_degree", "2"]
+    for world, flags in ((2, []), (4, ["--training.mixed_precision_param", "float32"])):
+        with pytest.raises(ConfigError, match="^parallelism.tensor_parallel_degree = 2: qwen3's tensor parallelism "
+                                              "hands SDPA sharded inputs, which have no float32 kernel; train in bf16"):
+            preflight(load_job_config([*qwen3, *flags]), world_size=world, local_world_size=world)
+    for world, flags in ((2, ["--training.dtype", "bfloat16"]), (4, ["--training.mixed_precision_param", "bfloat16"])):
+        preflight(load_job_config([*qwen3, *flags]), world_size=world, local_world_size=world)
+    llama3 = ["--job.config_file", str(REPO / "configs" / "titan" / "llama3_debug.toml"),
+              "--parallelism.tensor_parallel_degree", "2"]
+    preflight(load_job_config(llama3), world_size=2, local_world_size=2)  # its plan hands SDPA local tensors

@@ -14,7 +14,7 @@ import sys
 from gamma_titan.config import load_job_config
 from gamma_titan.errors import ConfigError
 from gamma_titan.inspect_model import format_report, inspect_model, tokens_per_step
-from gamma_titan.training.preflight import preflight, world_size_from_env
+from gamma_titan.training.preflight import launch_warnings, preflight, world_size_from_env
 
 #: Above this many parameters the startup summary skips the measured part (it draws
 #: every weight once more on the CPU); `gamma-titan inspect` always measures.
@@ -114,6 +114,9 @@ def main(argv: list[str] | None = None) -> None:
         for line in summary.splitlines():  # the math attention kernel, an ε-dominated norm
             if line.startswith("WARNING: "):
                 logger.warning(line.removeprefix("WARNING: "))
+        world = world_size_from_env()
+        for warning in launch_warnings(config, args, world, int(os.environ.get("LOCAL_WORLD_SIZE", world))):
+            logger.warning(warning.removeprefix("warning: "))  # a grace period that cannot cover the save
     from gamma_titan.training.reliability import NonFiniteError
 
     try:

@@ -4,6 +4,7 @@ before any process group starts or any file is written."""
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -82,6 +83,15 @@ def check_parallelism(config, world_size: int, args) -> None:
             "(use -1 to infer)"
         )
     dp_shard = world_size // non_dp if shard == -1 else shard
+    tp_sdpa = p.tensor_parallel_degree > 1 and args.tensor_parallel_shards_sdpa()
+    if tp_sdpa and sdpa_dtype(config, dp_shard) == "float32":
+        # DTensor SDPA has sharding rules for the flash, cuDNN and memory-efficient kernels,
+        # and TorchTitan's attention allows only cuDNN, flash (both bf16/fp16) and math (no
+        # rule): in float32 the first forward fails.
+        raise ConfigError(f"parallelism.tensor_parallel_degree = {p.tensor_parallel_degree}: {config.model.name}'s "
+                          "tensor parallelism hands SDPA sharded inputs, which have no float32 kernel; train in "
+                          "bf16: with FSDP (data_parallel_shard_degree > 1) --training.mixed_precision_param "
+                          "bfloat16, without it --training.dtype bfloat16")
     if ep > 1 and (dp_shard * p.context_parallel_degree) % ep:
         raise ConfigError(f"parallelism.expert_parallel_degree = {ep} must divide the data-parallel "
                           f"shard degree ({dp_shard}) x context parallel degree")
@@ -130,6 +140,69 @@ def check_training(config) -> None:
             if compiled:
                 raise ConfigError("compile.enable must be false with emulated float8 "
                                   "(quantize.linear.float8.emulate)")
+
+
+#: What a TorchTitan checkpoint holds, by top-level key (checkpoint.exclude_from_loading).
+CHECKPOINT_STATES = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state")
+
+
+def check_checkpoint(config) -> None:
+    """What TorchTitan's CheckpointManager would only reject once the run is under way: at
+    the first load, or at the final save, after the whole run."""
+    c = config.checkpoint
+    if not c.enable:
+        return
+    if c.last_save_in_hf and not c.last_save_model_only:
+        # TorchTitan asserts it in _save_last_step, i.e. after the last training step.
+        raise ConfigError("checkpoint.last_save_in_hf = true needs checkpoint.last_save_model_only = true (the "
+                          "Hugging Face form holds the model only; TorchTitan would stop at the final save); or keep "
+                          "the full last save and run `gamma-titan convert to-hf` on it")
+    if c.initial_load_in_hf and not c.initial_load_model_only:
+        raise ConfigError("checkpoint.initial_load_in_hf = true needs checkpoint.initial_load_model_only = true "
+                          "(a Hugging Face folder holds the model only)")
+    if c.initial_load_in_hf_quantized and not c.initial_load_in_hf:
+        raise ConfigError("checkpoint.initial_load_in_hf_quantized = true needs checkpoint.initial_load_in_hf = true")
+    unknown = [k for k in c.exclude_from_loading if k not in CHECKPOINT_STATES]
+    if unknown:
+        raise ConfigError(f"checkpoint.exclude_from_loading: {', '.join(map(repr, unknown))} is not in a checkpoint "
+                          f"(its parts: {', '.join(CHECKPOINT_STATES)})")
+    if c.initial_load_path and not os.path.isdir(c.initial_load_path):
+        raise ConfigError(f"checkpoint.initial_load_path = {c.initial_load_path!r}: no such folder")
+
+
+def sdpa_dtype(config, dp_shard: int) -> str:
+    """The dtype SDPA's inputs have in training (`dp_shard`: the FSDP degree): FSDP (or
+    context parallelism, which shards with it) casts to training.mixed_precision_param; one
+    device or DDP runs under autocast to it; TP or PP without FSDP train in training.dtype
+    (TorchTitan's maybe_enable_amp)."""
+    p = config.parallelism
+    fsdp = dp_shard > 1 or p.context_parallel_degree > 1
+    if fsdp or (p.tensor_parallel_degree == 1 and p.pipeline_parallel_degree == 1):
+        return config.training.mixed_precision_param
+    return config.training.dtype
+
+
+def launch_warnings(config, args, world_size: int, local_world_size: int) -> list[str]:
+    """What a config can run with, but may lose a run: a SIGTERM grace period shorter than
+    the model's estimated save (gamma_titan/training/launch.py: 12 bytes a parameter at
+    1 GB/s per node), or shorter than this torch's torchrun allows."""
+    from gamma_titan.training.launch import WRITE_BYTES_PER_SECOND_PER_NODE, save_seconds, shutdown_warning
+
+    warnings = []
+    grace = config.gamma.reliability.stop_grace_seconds
+    if config.checkpoint.enable:
+        params = sum(math.prod(shape) for shape in parameter_shapes(config.model.name, args).values())
+        nodes = max(1, world_size // max(1, local_world_size))
+        save = save_seconds(params, nodes)
+        if grace < save:
+            warnings.append(
+                f"warning: gamma.reliability.stop_grace_seconds = {grace:g} is shorter than a full save of this "
+                f"model ({params / 1e9:.3g}B parameters x 12 bytes at {WRITE_BYTES_PER_SECOND_PER_NODE / 1e9:g} GB/s "
+                f"per node on {nodes} node{'s' if nodes > 1 else ''}: about {save:.0f} s): a SIGTERM would lose that "
+                f"checkpoint; set it to at least {math.ceil(1.5 * save)}")
+    if (warning := shutdown_warning(grace)) is not None:
+        warnings.append(warning)
+    return warnings
 
 
 def check_data(config, args, world_size: int = 1) -> None:
@@ -256,6 +329,7 @@ def preflight(config, world_size: int | None = None, local_world_size: int | Non
     spec, args = resolve_model(config)
     derive_settings(config, args, world_size, local_world_size)
     check_training(config)
+    check_checkpoint(config)
     check_parallelism(config, world_size, args)
     check_data(config, args, world_size)
     check_diagnostics(config, spec, args)
