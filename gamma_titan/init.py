@@ -16,6 +16,7 @@ count, and DTensor's RNG tracker is not parallel-invariant on CPU, so neither is
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -24,9 +25,10 @@ from typing import Callable
 import numpy as np
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, distribute_tensor
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
+
+logger = logging.getLogger(__name__)
 
 #: Parameter groups whose γ can be overridden one by one ([gamma.init_rate_overrides]).
 GROUPS = ("embedding", "attention", "gate", "ffn", "router", "output")
@@ -127,21 +129,10 @@ def draw_chunk(entry: ParamInit, seed: int, k: int, out: torch.Tensor, truncatio
 
 def draw_range(entry: ParamInit, numel: int, seed: int, start: int, stop: int,
                truncation: float = 0.0) -> torch.Tensor:
-    """Elements [start, stop) of the flattened fp32 tensor, from the chunks covering them.
-    Chunks are independent, so they are drawn on torch.get_num_threads() threads."""
+    """Elements [start, stop) of the flattened fp32 tensor, from the chunks covering them."""
     if stop <= start:
         return torch.empty(0)
-    first, last = start // CHUNK, (stop - 1) // CHUNK
-    base = first * CHUNK
-    out = torch.empty(min((last + 1) * CHUNK, numel) - base)
-
-    def one(k: int) -> None:
-        lo, hi = k * CHUNK, min((k + 1) * CHUNK, numel)
-        draw_chunk(entry, seed, k, out[lo - base:hi - base], truncation)
-
-    with ThreadPoolExecutor(torch.get_num_threads()) as pool:
-        list(pool.map(one, range(first, last + 1)))
-    return out[start - base:stop - base]
+    return draw_segments(entry, numel, seed, torch.tensor([start]), torch.tensor([stop - start]), truncation)[0]
 
 
 def draw(entry: ParamInit, shape, seed: int, truncation: float = 0.0) -> torch.Tensor:
@@ -152,44 +143,100 @@ def draw(entry: ParamInit, shape, seed: int, truncation: float = 0.0) -> torch.T
     return draw_range(entry, numel, seed, 0, numel, truncation).view(shape)
 
 
-def flat_range(shape, local_shape, offset) -> tuple[int, int] | None:
-    """[start, stop) of the block `local_shape` at `offset` in the flattened `shape`, when
-    the block is one range of it: the dims after the last cut one are whole and those
-    before it have size 1. None otherwise (a column block, say)."""
-    size = math.prod(local_shape)
-    if size == 0:
-        return 0, 0
-    cut = [d for d, (s, g) in enumerate(zip(local_shape, shape)) if s != g]
-    if cut and any(s != 1 for s in local_shape[:cut[-1]]):
-        return None
-    start = sum(o * math.prod(shape[d + 1:]) for d, o in enumerate(offset))
-    return start, start + size
-
-
-def local_range(param: torch.Tensor) -> tuple[int, int] | None:
-    """This rank's shard of `param` as a range of the flattened global tensor, or None."""
+def local_block(param: torch.Tensor) -> list[torch.Tensor | None]:
+    """Per dimension, the global indices of this rank's block of `param` (None: all of
+    them). DTensor's own cut of an index vector tells, so every placement FSDP, TP and EP
+    make (strided shards too) reads the same; a mesh dimension of size 1 cuts nothing."""
     if not isinstance(param, DTensor):
-        return 0, param.numel()
-    # compute_local_shape_and_global_offset does not place _StridedShard (FSDP over TP) right.
-    if any(isinstance(p, _StridedShard) or not (p.is_shard() or p.is_replicate()) for p in param.placements):
-        return None
-    local_shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
-    return flat_range(tuple(param.shape), local_shape, offset)
+        return [None] * param.ndim
+    block = []
+    for dim, size in enumerate(param.shape):
+        placements = [p if _shards(p, dim) else Replicate() for p in param.placements]
+        if all(p.is_replicate() for p in placements):
+            block.append(None)
+            continue
+        index = torch.arange(size).view([size if d == dim else 1 for d in range(param.ndim)])
+        local = distribute_tensor(index, param.device_mesh, placements, src_data_rank=None).to_local()
+        block.append(None if local.numel() == size else local.flatten().cpu())
+    return block
+
+
+def _shards(placement, dim: int) -> bool:
+    """Whether a placement cuts tensor dimension `dim` (a _StridedShard is no Shard in torch 2.13)."""
+    return (placement.is_shard() or isinstance(placement, _StridedShard)) and placement.dim == dim
+
+
+def block_segments(shape, block: list[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block as contiguous segments of the flattened tensor, in the block's own order:
+    (starts, lengths). The dims after the last cut one are whole; along that one, runs of
+    consecutive indices join into one segment."""
+    shape = tuple(shape)
+    cut = [d for d, index in enumerate(block) if index is not None]
+    if not cut:
+        return torch.tensor([0]), torch.tensor([math.prod(shape)])
+    last = cut[-1]
+    inner = math.prod(shape[last + 1:])
+    index = block[last]
+    if index.numel() == 0:
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+    breaks = torch.nonzero(index[1:] != index[:-1] + 1).flatten() + 1
+    run_starts = torch.cat([torch.tensor([0]), breaks])
+    run_lengths = torch.diff(torch.cat([run_starts, torch.tensor([index.numel()])]))
+    starts = index[run_starts] * inner
+    for d in range(last - 1, -1, -1):  # every combination of the outer dims' indices, in order
+        outer = block[d] if block[d] is not None else torch.arange(shape[d])
+        starts = (outer * math.prod(shape[d + 1:])).view(-1, 1) + starts.view(1, -1)
+    lengths = (run_lengths * inner).repeat(starts.numel() // run_lengths.numel())
+    return starts.flatten(), lengths
+
+
+def draw_segments(entry: ParamInit, numel: int, seed: int, starts: torch.Tensor, lengths: torch.Tensor,
+                  truncation: float = 0.0) -> tuple[torch.Tensor, int]:
+    """The values of these segments of the flattened tensor, one after another, and how many
+    values were drawn for them: only the chunks that cover them, each once (on
+    torch.get_num_threads() threads), held one at a time per thread, never the whole tensor."""
+    out = torch.empty(int(lengths.sum()))
+    if out.numel() == 0:
+        return out, 0
+    ends = starts + lengths
+    offsets = torch.cumsum(lengths, 0) - lengths  # where each segment goes in `out`
+    first, last = starts // CHUNK, (ends - 1) // CHUNK
+    chunks = torch.unique(torch.cat([torch.arange(a, b + 1) for a, b in
+                                     torch.stack([first, last], 1).unique(dim=0).tolist()]))
+
+    def one(k: int) -> int:
+        lo, hi = k * CHUNK, min((k + 1) * CHUNK, numel)
+        covered = torch.nonzero((starts < hi) & (ends > lo)).flatten().tolist()  # the segments it feeds
+        if len(covered) == 1 and starts[covered[0]] <= lo and ends[covered[0]] >= hi:  # all of it: in place
+            at = int(offsets[covered[0]]) + lo - int(starts[covered[0]])
+            draw_chunk(entry, seed, k, out[at:at + hi - lo], truncation)
+            return hi - lo
+        values = torch.empty(hi - lo)
+        draw_chunk(entry, seed, k, values, truncation)
+        for s in covered:
+            a, b = max(int(starts[s]), lo), min(int(ends[s]), hi)
+            at = int(offsets[s]) + a - int(starts[s])
+            out[at:at + b - a] = values[a - lo:b - lo]
+        return hi - lo
+
+    with ThreadPoolExecutor(torch.get_num_threads()) as pool:
+        drawn = sum(pool.map(one, chunks.tolist()))
+    return out, drawn
 
 
 @torch.no_grad()
-def fill_(param: torch.Tensor, entry: ParamInit, seed: int, truncation: float = 0.0) -> None:
-    """Write this rank's shard of the parameter's values (drawn on the CPU, then moved)."""
+def fill_(param: torch.Tensor, entry: ParamInit, seed: int, truncation: float = 0.0) -> int:
+    """Write this rank's block of the parameter's values: the chunks that cover it are
+    drawn on the CPU, and only the block moves to the parameter's device. Returns the
+    values drawn."""
     local = param.to_local() if isinstance(param, DTensor) else param
     if entry.std is None:
         local.fill_(1.0)
-    elif (span := local_range(param)) is not None:
-        local.copy_(draw_range(entry, param.numel(), seed, *span, truncation).view(local.shape))
-    else:
-        # Not one range: draw the whole tensor and cut it. src_data_rank=None: every rank
-        # holds it already, so cut locally, no comms.
-        full = draw(entry, param.shape, seed, truncation)
-        local.copy_(distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local())
+        return 0
+    starts, lengths = block_segments(param.shape, local_block(param))
+    values, drawn = draw_segments(entry, param.numel(), seed, starts, lengths, truncation)
+    local.copy_(values.view(local.shape))
+    return drawn
 
 
 @torch.no_grad()
@@ -201,6 +248,11 @@ def gamma_init_(module: nn.Module, cfg: GammaInit, rule: InitRule, prefix: str =
     """
     seed = cfg.seed if cfg.seed is not None else torch.initial_seed()
     plan = init_plan(module, cfg, rule, prefix)
+    drawn = held = 0
     for entry, param in zip(plan, module.parameters()):
-        fill_(param, entry, seed, cfg.truncation)
+        drawn += fill_(param, entry, seed, cfg.truncation)
+        held += (param.to_local() if isinstance(param, DTensor) else param).numel() if entry.std is not None else 0
+    if any(isinstance(p, DTensor) for p in module.parameters()):
+        logger.info(f"γ-init: this rank drew {drawn:,} values for the {held:,} of its shards "
+                    f"(whole chunks of {CHUNK:,} that cover them)")
     return plan

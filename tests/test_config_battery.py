@@ -71,6 +71,7 @@ BATTERY = [
     (MOE, ["--model_args.n_dense_layers", "4"], 1,
      "model_args.n_dense_layers = 4 leaves no MoE layer of model_args.n_layers = 4"),
     (MOE, ["--model_args.attention", "gqa"], 1, "model_args.attention = 'gqa': allowed mha, mla"),
+    (MOE, ["--model_args.expert_kernel", "fast"], 1, "model_args.expert_kernel = 'fast': allowed auto, grouped, loop"),
     (DENSE, ["--parallelism.tensor_parallel_degree", "2", "--training.seq_len", "255"], 2,
      "training.seq_len = 255 must be divisible by parallelism.tensor_parallel_degree = 2 (sequence parallelism)"),
     (DENSE, ["--parallelism.context_parallel_degree", "2"], 2,

@@ -13,7 +13,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from helpers import small_args
-from gamma_titan.init import draw, draw_range, fill_, local_range, ParamInit, param_seed
+from gamma_titan.init import draw, draw_range, fill_, ParamInit, param_seed
 from gamma_titan.inspect_model import inspect_model
 from gamma_titan.models.dense import GammaDense
 from gamma_titan.models import TRAIN_SPECS
@@ -186,13 +186,15 @@ def test_values_do_not_depend_on_cpu_threads():
     assert all(torch.equal(a, b) for a, b in zip(*drawn))
 
 
-#: Layouts on 8 ranks: (mesh shape, placements, whether a rank draws only its own range).
+#: Layouts on 8 ranks: (mesh shape, placements).
 LAYOUTS = [
-    ((8,), (Shard(0),), True),  # FSDP=8
-    ((2, 4), (Replicate(), Shard(0)), True),  # HSDP
-    ((8,), (Shard(1),), False),  # TP column blocks
-    ((2, 4), (Shard(0), Shard(1)), False),  # FSDP × TP row-wise
-    ((2, 4), (_StridedShard(0, split_factor=4), Shard(0)), False),  # FSDP over TP col-wise
+    ((8,), (Shard(0),)),  # FSDP=8
+    ((2, 4), (Replicate(), Shard(0))),  # HSDP
+    ((8,), (Shard(1),)),  # TP column blocks
+    ((2, 4), (Shard(0), Shard(1))),  # FSDP × TP row-wise
+    ((2, 4), (_StridedShard(0, split_factor=4), Shard(0))),  # FSDP over TP col-wise
+    ((1, 8), (_StridedShard(0, split_factor=8), Shard(0))),  # EP 8 with FSDP 1 inside it: strided, size 1
+    ((2, 2, 2), (Replicate(), _StridedShard(0, split_factor=2), Shard(0))),  # HSDP x EP x FSDP
 ]
 
 
@@ -200,26 +202,31 @@ LAYOUTS = [
 @pytest.mark.parametrize("truncation", [0.0, 2.0])
 def test_every_rank_shard_is_the_cut_of_the_full_draw(truncation):
     """Each of 8 ranks (a fake process group, one rank at a time) fills its DTensor shard;
-    it must equal the cut of the full draw, for shards inside and across chunks."""
+    it must equal the cut of the full draw, for shards inside and across chunks, and the
+    rank must have drawn exactly the chunks that hold its shard's values (found by cutting
+    the tensor of flat positions the same way)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    shapes = {"a": (2100, 1024), "b": (1003, 8), "c": (16, 12, 10)}  # 3 chunks; uneven rows; 3-D
+    shapes = {"b": (1003, 8), "c": (16, 12, 10)}  # uneven rows; 3-D
+    if truncation == 0:  # several chunks each (truncation redraws inside a chunk only: the small ones show it)
+        shapes |= {"a": (2100, 1024), "d": (8, 300, 1024)}  # 3 chunks; an expert stack of 2.3 chunks
     entries = {name: ParamInit(name, "ffn", 64, 1.0) for name in shapes}
     full = {name: draw(entries[name], shape, 5, truncation) for name, shape in shapes.items()}
-    for rank in range(8):
+    for rank in (0, 3, 6, 7):  # the ends and the middle of every mesh dimension
         dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=8)
         try:
-            for mesh_shape, placements, own_range in LAYOUTS:
+            for mesh_shape, placements in LAYOUTS:
                 mesh = init_device_mesh("cpu", mesh_shape)
                 for name, shape in shapes.items():
-                    if name == "a" and not own_range:
-                        continue  # the full-draw path is the same at any size
                     param = distribute_tensor(torch.full(shape, float("nan")), mesh, placements, src_data_rank=None)
-                    own = local_range(param) is not None
-                    assert isinstance(param, DTensor) and (own == own_range or param.to_local().numel() == 0)
-                    fill_(param, entries[name], 5, truncation)
+                    drawn = fill_(param, entries[name], 5, truncation)
                     cut = distribute_tensor(full[name], mesh, placements, src_data_rank=None)
                     assert torch.equal(param.to_local(), cut.to_local()), (rank, placements, name)
+                    positions = distribute_tensor(torch.arange(full[name].numel()).view(shape), mesh, placements,
+                                                  src_data_rank=None).to_local().flatten()
+                    numel = full[name].numel()
+                    chunks = (positions // CHUNK).unique().tolist()
+                    assert drawn == sum(min(CHUNK, numel - k * CHUNK) for k in chunks), (rank, placements, name)
         finally:
             dist.destroy_process_group()

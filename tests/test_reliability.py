@@ -176,19 +176,23 @@ def test_grace_period_watchdog_exits_143(tmp_path):
     assert "no clean stop within gamma.reliability.stop_grace_seconds = 0.5" in proc.stderr
 
 
-def count_host_syncs(tmp_path, trainer: str) -> list[dict]:
+def count_host_syncs(tmp_path, trainer: str, *overrides: str, nproc: int = 2, config=None,
+                     name: str | None = None) -> list[dict]:
+    """Per step: host reads, blocking transfers, all-reduces (tests/scripts/count_host_syncs.py)."""
     import json
     import subprocess
     import sys
 
     from helpers import DEBUG_TOML, QUIET, REPO
 
-    out = tmp_path / f"{trainer}.json"
+    name = name or trainer
+    out = tmp_path / f"{name}.json"
     script = REPO / "tests" / "scripts" / "count_host_syncs.py"
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-            str(out), trainer, "--job.config_file", str(DEBUG_TOML), "--job.dump_folder", str(tmp_path / trainer),
-            *QUIET, "--metrics.log_freq", "100", "--gamma.diagnostics.enable", "false", "--training.steps", "4",
-            "--training.local_batch_size", "2", "--model_args.n_layers", "1"]
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script),
+            str(out), trainer, "--job.config_file", str(config or DEBUG_TOML), "--job.dump_folder",
+            str(tmp_path / name), *QUIET, "--metrics.log_freq", "100", "--gamma.diagnostics.enable", "false",
+            "--training.steps", "4", "--training.local_batch_size", "2",
+            *(overrides or ("--model_args.n_layers", "1"))]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -205,3 +209,33 @@ def test_the_guard_and_the_sigterm_agreement_cost_one_sync_per_step(tmp_path, bu
     for ours, theirs in zip(gamma[1:], titan[1:]):  # step 1 (the first log step) aside
         assert ours["host_reads"] - theirs["host_reads"] <= 1, (ours, theirs)
         assert ours["all_reduces"] - theirs["all_reduces"] <= 1, (ours, theirs)
+
+
+@pytest.mark.multiprocess
+def test_moe_steps_read_the_host_once_per_layer_for_dispatch_and_once_for_the_load(tmp_path, builtin_assets):
+    """Blocking device-to-host transfers per step (tests/scripts/count_host_syncs.py; the CPU
+    stand-in of TorchTitan's Triton token permutation not counted, as the kernel reads
+    none), steps 2-4, logs at 2 and 4:
+    * gamma_moe debug, grouped kernel, 1 rank: the step verdict alone; the MoE layers none;
+    * the same at EP 2: TorchTitan's global token count and the verdict, plus one transfer
+      per MoE layer for the all-to-all's split sizes;
+    * a log step adds one transfer for every layer's expert load (and at EP 2 TorchTitan's
+      two logging reductions);
+    * TorchTitan's deepseek_v3 under its own Trainer, 1 rank (its experts' CPU loop, whose
+      split sizes also come from one transfer per layer): one per MoE layer, the reference."""
+    from gamma_titan.config import load_job_config
+    from gamma_titan.inspect_model import resolve_model
+    from helpers import REPO
+
+    moe, deepseek = REPO / "configs" / "moe" / "debug.toml", REPO / "configs" / "titan" / "deepseek_v3_debug.toml"
+    n_moe = {path: sum(1 for layer in range(args.n_layers) if layer >= args.n_dense_layers)
+             for path in (moe, deepseek) for args in [resolve_model(load_job_config(["--job.config_file", str(path)]))[1]]}
+    grouped = ("--metrics.log_freq", "2", "--model_args.expert_kernel", "grouped")
+    one = count_host_syncs(tmp_path, "gamma", *grouped, nproc=1, config=moe, name="one")
+    ep2 = count_host_syncs(tmp_path, "gamma", *grouped, "--parallelism.expert_parallel_degree", "2", nproc=2,
+                           config=moe, name="ep2")
+    titan = count_host_syncs(tmp_path, "titan", "--metrics.log_freq", "2", nproc=1, config=deepseek, name="titan")
+    transfers = lambda steps: [s["transfers"] for s in steps[1:]]  # noqa: E731  (steps 2, 3, 4)
+    assert transfers(one) == [2, 1, 2]
+    assert transfers(ep2) == [2 + n_moe[moe] + 3, 2 + n_moe[moe], 2 + n_moe[moe] + 3]
+    assert transfers(titan)[1] == n_moe[deepseek] == 5

@@ -1,6 +1,7 @@
 """Test machinery: train with TorchTitan's own Trainer or with GammaTrainer in this
 process and count, per training step, what stalls a GPU's queue: host syncs (a tensor read
-on the host: item, tolist, bool, float, int, numpy) and all-reduces.
+on the host: item, tolist, bool, float, int, numpy), blocking device-to-host transfers, and
+all-reduces.
 
     python count_host_syncs.py OUT.json titan|gamma --job.config_file ... [overrides]
 """
@@ -14,6 +15,7 @@ import torch.distributed._functional_collectives as funcol
 from torch.overrides import TorchFunctionMode
 
 import gamma_titan  # noqa: F401  (CPU platform shims before torchtitan)
+from torchtitan.models.moe import kernels as moe_kernels
 from gamma_titan.config import load_job_config
 from gamma_titan.training.preflight import preflight
 from gamma_titan.training.main import single_process_env
@@ -22,14 +24,40 @@ HOST_READS = {"item", "tolist", "__bool__", "__float__", "__int__", "numpy"}
 
 
 class Counter(TorchFunctionMode):
+    """host_reads: every read of a tensor's value on the host. transfers: the blocking
+    device-to-host transfers a GPU would make for those reads: a read of a tensor counts
+    once, unless the tensor is a host copy (.cpu(), .to("cpu")), when the copy counts instead,
+    once, if it was blocking (a non_blocking copy is waited for by a later blocking one).
+    Copies whose values are never read on the host (inputs moved to the device) count nothing."""
+
     def __init__(self):
         super().__init__()
         self.host_reads = 0
+        self.transfers = 0
+        self.copies: dict[int, list] = {}  # id -> [the copy (held: ids stay unique), blocking, counted]
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") in HOST_READS:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        out = func(*args, **kwargs)
+        if paused[0]:
+            return out
+        if name in HOST_READS:
             self.host_reads += 1
-        return func(*args, **(kwargs or {}))
+            copy = self.copies.get(id(args[0]))
+            if copy is None:
+                self.transfers += 1
+            elif copy[1] and not copy[2]:
+                self.transfers += 1
+                copy[2] = True
+        elif name == "cpu" or (name == "to" and _to_cpu(args[1:], kwargs)):
+            self.copies[id(out)] = [out, not kwargs.get("non_blocking", False), False]
+        return out
+
+
+def _to_cpu(args, kwargs) -> bool:
+    target = kwargs.get("device", args[0] if args else None)
+    return isinstance(target, (str, torch.device)) and torch.device(target).type == "cpu"
 
 
 def counted(base):
@@ -41,12 +69,29 @@ def counted(base):
             with Counter() as counter:
                 super().train_step(data_iterator)
             self.steps.append({"step": self.step, "host_reads": counter.host_reads,
-                               "all_reduces": all_reduces[0] - reduces})
+                               "transfers": counter.transfers, "all_reduces": all_reduces[0] - reduces})
 
     return Counted
 
 
 all_reduces = [0]
+paused = [False]
+
+
+def uncounted(fill_indices_cpu):
+    """TorchTitan's CPU stand-in for its Triton token-permutation kernel reads every count on
+    the host; the kernel a GPU runs reads none: not counted."""
+    def fill(*args, **kwargs):
+        paused[0] = True
+        try:
+            return fill_indices_cpu(*args, **kwargs)
+        finally:
+            paused[0] = False
+
+    return fill
+
+
+moe_kernels.fill_indices_cpu = uncounted(moe_kernels.fill_indices_cpu)
 
 
 def counting(all_reduce):

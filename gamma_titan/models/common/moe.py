@@ -25,7 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
-from torchtitan.models.moe.moe import GroupedExperts, MoE, MoEArgs, _run_experts_for_loop
+from torchtitan.models.moe import utils as moe_utils
+from torchtitan.models.moe.kernels import generate_permute_indices
+from torchtitan.models.moe.moe import GroupedExperts, MoE, MoEArgs, _run_experts_for_loop, _run_experts_grouped_mm
+from torchtitan.tools.utils import _round_up
 
 
 def tokens_per_expert(expert_indices: torch.Tensor, num_experts: int) -> torch.Tensor:
@@ -138,42 +141,89 @@ def moe_load_metrics(model_parts: list[nn.Module], batch_group=None) -> dict[str
     loads = torch.stack([m.load for _, m in routers]).float()
     if batch_group is not None:
         torch.distributed.all_reduce(loads, group=batch_group)
-    metrics = {}
-    for (name, router), load in zip(routers, loads):
-        layer = name.split("layers.")[1].split(".")[0]
-        mean = load.mean().clamp_min(1e-9)
-        metrics[f"moe/load_max_over_mean/layer_{layer}"] = (load.max() / mean).item()
-        metrics[f"moe/load_min_over_mean/layer_{layer}"] = (load.min() / mean).item()
+    for _, router in routers:
         router.load.zero_()
-    metrics["moe/load_max_over_mean"] = max(v for k, v in metrics.items() if "load_max" in k)
+    mean = loads.mean(dim=1).clamp_min(1e-9)
     aux = [m.last_aux_loss for part in model_parts for m in part.modules()
            if isinstance(m, MoELayer) and getattr(m, "last_aux_loss", None) is not None]
-    if aux:  # the last micro-batch's, mean over layers, on this rank
-        metrics["moe/aux_loss"] = torch.stack(aux).mean().item()
+    # Every number in one device-to-host transfer (the log step's only one for the MoE).
+    numbers = [loads.max(dim=1).values / mean, loads.min(dim=1).values / mean]
+    numbers += [torch.stack(aux).mean().reshape(1).float()] if aux else []  # the last micro-batch's, this rank
+    host = torch.cat(numbers).tolist()
+    n = len(routers)
+    metrics = {}
+    for i, (name, _) in enumerate(routers):
+        layer = name.split("layers.")[1].split(".")[0]
+        metrics[f"moe/load_max_over_mean/layer_{layer}"] = host[i]
+        metrics[f"moe/load_min_over_mean/layer_{layer}"] = host[n + i]
+    metrics["moe/load_max_over_mean"] = max(host[:n])
+    if aux:
+        metrics["moe/aux_loss"] = host[2 * n]
     return metrics
 
 
+def permute_by_local_expert(x: torch.Tensor, counts: torch.Tensor, ep_degree: int, n_local: int):
+    """Reorder tokens into one padded group per local expert, as grouped GEMMs want them
+    (TorchTitan's generate_permute_indices: its Triton kernel for CUDA tensors, its CPU
+    implementation otherwise; no host sync either way).
+
+    `counts` is (ep_degree * n_local,): tokens for local expert j from rank r at r*n_local+j
+    (ep_degree 1: the tokens are already sorted by expert). Returns (shape of x plus one
+    zero row, permuted x, the permutation, padded group sizes).
+    """
+    align = moe_utils.TOKEN_GROUP_ALIGN_SIZE_M
+    max_len = _round_up(x.shape[0] + n_local * align, align)
+    with torch.no_grad():
+        indices, group_sizes, _ = generate_permute_indices(
+            counts, n_local, ep_degree, max_len, align, use_cpu=x.device.type == "cpu"
+        )
+    x = torch.vstack((x, x.new_zeros((x.shape[-1],))))  # row -1: what padding slots read
+    return x.shape, x[indices, :], indices, group_sizes
+
+
+def unpermute(out: torch.Tensor, shape: torch.Size, indices: torch.Tensor) -> torch.Tensor:
+    """The inverse of permute_by_local_expert (padding rows land on the dropped last row)."""
+    restored = out.new_empty(shape)
+    restored[indices, :] = out
+    return restored[:-1]
+
+
+#: The routed experts' kernel ([model_args] expert_kernel): "auto" = grouped GEMMs for CUDA
+#: tensors and the exact fp32 loop for any other; "grouped" or "loop" on every device.
+EXPERT_KERNELS = ("auto", "grouped", "loop")
+
+
 class RoutedExperts(GroupedExperts):
-    """TorchTitan's expert stack, with the kernel chosen per call from the input's device:
-    grouped GEMMs (bf16, Triton index padding) for CUDA tensors, the exact fp32 loop over
-    experts for any other. A flag fixed when the model is built would send CPU tensors
-    down the CUDA path on a GPU host (inspect, the startup summary, report tokens, the
-    converters all run the model on the CPU there)."""
+    """TorchTitan's expert stack, with the kernel chosen per call (`kernel`, EXPERT_KERNELS):
+    grouped GEMMs (bf16, tokens permuted into padded per-expert groups) or the exact fp32
+    loop over experts. "auto" decides from the input's device: a flag fixed when the model
+    is built would send CPU tensors down the CUDA path on a GPU host (inspect, the startup
+    summary, report tokens, the converters all run the model on the CPU there). "grouped"
+    on a CPU runs torch's CPU grouped-GEMM fallback: how the tests take the CUDA path."""
+
+    def __init__(self, dim: int, hidden_dim: int, num_experts: int, kernel: str = "auto"):
+        super().__init__(dim, hidden_dim, num_experts, use_grouped_mm=kernel != "loop")
+        self.kernel = kernel
 
     def forward(self, x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
-        if x.device.type == "cuda":
-            return super().forward(x, num_tokens_per_expert)
-        # Each expert's weights as views of one unbind: indexing the stacked tensor per expert
-        # instead makes every expert's backward write a zero gradient as large as the whole
-        # stack (64 experts of 768 x 256: ~95% of a qwen3 debugmodel_moe step on a CPU).
-        w1, w2, w3 = ((w.to_local() if isinstance(w, DTensor) else w).unbind(0) for w in (self.w1, self.w2, self.w3))
-        return _run_experts_for_loop(w1, w2, w3, x, num_tokens_per_expert)
+        w1, w2, w3 = (w.to_local() if isinstance(w, DTensor) else w for w in (self.w1, self.w2, self.w3))
+        if not (self.kernel == "grouped" or self.kernel == "auto" and x.device.type == "cuda"):
+            # Each expert's weights as views of one unbind: indexing the stacked tensor per
+            # expert instead makes every expert's backward write a zero gradient as large as
+            # the whole stack (64 experts of 768 x 256: ~95% of a qwen3 debugmodel_moe step).
+            return _run_experts_for_loop(w1.unbind(0), w2.unbind(0), w3.unbind(0), x, num_tokens_per_expert)
+        if isinstance(self.w1, DTensor) and "ep" in self.w1.device_mesh.mesh_dim_names:
+            # ExpertParallel's dispatch has permuted and padded the tokens already
+            return _run_experts_grouped_mm(w1, w2, w3, x, num_tokens_per_expert)
+        shape, x, order, sizes = permute_by_local_expert(x, num_tokens_per_expert, 1, self.num_experts)
+        return unpermute(_run_experts_grouped_mm(w1, w2, w3, x, sizes), shape, order)
 
 
 class MoELayer(MoE):
-    def __init__(self, moe_args: MoEArgs, dim: int, hidden_dim: int, aux_loss_coeff: float = 0.0):
+    def __init__(self, moe_args: MoEArgs, dim: int, hidden_dim: int, aux_loss_coeff: float = 0.0,
+                 expert_kernel: str = "auto"):
         super().__init__(moe_args, dim=dim, hidden_dim=hidden_dim)
-        self.experts = RoutedExperts(dim, hidden_dim, moe_args.num_experts, use_grouped_mm=True)
+        self.experts = RoutedExperts(dim, hidden_dim, moe_args.num_experts, expert_kernel)
         self.router = TokenChoiceRouter(
             dim, moe_args.num_experts, moe_args.top_k, moe_args.score_func,
             moe_args.route_norm, moe_args.route_scale, aux_loss_coeff,

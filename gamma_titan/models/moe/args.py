@@ -18,6 +18,7 @@ from gamma_titan.errors import ConfigError
 from gamma_titan.init import GammaInit
 from gamma_titan.models.common.args import GammaArgs
 from gamma_titan.models.common.flavors import Flavors
+from gamma_titan.models.common.moe import EXPERT_KERNELS
 from gamma_titan.models.common.sdpa import AttentionShape
 from gamma_titan.models.common.shapes import (
     HeadShape,
@@ -59,6 +60,9 @@ class MoEModelArgs(HeadShape, GammaArgs):
     route_scale: float = 1.0
     load_balance_coeff: float | None = 1e-3  # aux-loss-free expert-bias step; None = off
     aux_loss_coeff: float = 0.0  # α of the optional auxiliary balance loss; 0 = off
+    # the routed experts' kernel: "auto" (grouped GEMMs on CUDA, the exact fp32 loop
+    # elsewhere), "grouped" or "loop" everywhere (models/common/moe.py, RoutedExperts)
+    expert_kernel: str = "auto"
     # The paper's three knobs, set from [gamma].
     norm_eps: float = 1e-12
     attention_gate: str = "elementwise"
@@ -87,7 +91,7 @@ class MoEModelArgs(HeadShape, GammaArgs):
             route_norm=self.route_norm,
             route_scale=self.route_scale,
             top_k=self.top_k,
-            use_grouped_mm=True,  # on CUDA tensors; RoutedExperts decides per call
+            use_grouped_mm=self.expert_kernel != "loop",  # RoutedExperts decides per call
             load_balance_coeff=self.load_balance_coeff,
         )
 
@@ -106,6 +110,8 @@ class MoEModelArgs(HeadShape, GammaArgs):
         if self.attention not in ATTENTION_KINDS:
             raise ConfigError(f"model_args.attention = {self.attention!r}: allowed {', '.join(ATTENTION_KINDS)}")
         check_knobs_and_rope(self)
+        if self.expert_kernel not in EXPERT_KERNELS:
+            raise ConfigError(f"model_args.expert_kernel = {self.expert_kernel!r}: allowed {', '.join(EXPERT_KERNELS)}")
         if self.score_func not in SCORE_FUNCS:
             raise ConfigError(f"model_args.score_func = {self.score_func!r}: allowed {', '.join(SCORE_FUNCS)}")
         if self.top_k > self.n_routed_experts:

@@ -38,7 +38,8 @@ class MoEBlock(nn.Module):
         self.ffn_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
         self.moe_enabled = layer_id >= args.n_dense_layers
         if self.moe_enabled:
-            self.moe = MoELayer(args.moe_args(), args.dim, args.moe_hidden_dim, args.aux_loss_coeff)
+            self.moe = MoELayer(args.moe_args(), args.dim, args.moe_hidden_dim, args.aux_loss_coeff,
+                                args.expert_kernel)
         else:
             self.feed_forward = SwiGLU(args.dim, args.ffn_hidden_dim)
 

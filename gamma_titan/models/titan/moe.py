@@ -67,7 +67,7 @@ def make_cpu_capable(moe: MoE, moe_args: MoEArgs) -> None:
     _, hidden_dim, dim = moe.experts.w1.shape  # (experts, hidden, dim)
     moe.router = CountingRouter(moe_args, dim)
     moe.reorderer = CountingReorderer(num_experts=moe_args.num_experts, top_k=moe_args.top_k)
-    moe.experts = RoutedExperts(dim, hidden_dim, moe_args.num_experts, use_grouped_mm=moe_args.use_grouped_mm)
+    moe.experts = RoutedExperts(dim, hidden_dim, moe_args.num_experts, "auto" if moe_args.use_grouped_mm else "loop")
 
 
 def reset_load(model: nn.Module, device) -> None:
