@@ -49,6 +49,10 @@ def _default_nproc() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 1
 
 
+#: GPUs a node holds, for `inspect --memory`'s layouts (an 8 x H100 node).
+GPUS_PER_NODE = 8
+
+
 def cmd_train(ns, overrides: list[str]) -> int:
     from gamma_titan.config import load_job_config
     from gamma_titan.training.preflight import preflight
@@ -74,11 +78,28 @@ def cmd_inspect(ns, overrides: list[str]) -> int:
     from gamma_titan.training.main import attention_kernels
 
     config = load_job_config(_config_argv(ns.config, overrides))
-    spec, args = resolve_model(config)
+    if ns.gpus is not None and ns.gpus < 1:
+        raise ConfigError(f"--gpus {ns.gpus}: must be >= 1")
+    if not ns.gpu_memory > 0:
+        raise ConfigError(f"--gpu-memory {ns.gpu_memory}: must be a number of GiB > 0")
+    if ns.memory:  # the layout at that many GPUs, 8 a node (derive.py fills in the degrees)
+        from gamma_titan.training.preflight import preflight
+
+        gpus = ns.gpus or GPUS_PER_NODE
+        spec, args = preflight(config, world_size=gpus, local_world_size=min(gpus, GPUS_PER_NODE))
+    else:
+        spec, args = resolve_model(config)
     report = inspect_model(spec, args, config.training.seq_len)
     report["tokens_per_step"] = tokens_per_step(config)
     report["attention_kernels"] = attention_kernels(args, config, device_type)  # on this machine's accelerator
-    print(json.dumps(report) if ns.json else format_report(report))
+    text = None if ns.json else format_report(report)
+    if ns.memory:
+        from gamma_titan.estimate import estimate_rank
+
+        estimate = estimate_rank(config, spec, args, gpus)
+        report["estimate"] = estimate.as_dict(ns.gpu_memory)
+        text = None if ns.json else text + "\n" + estimate.format(ns.gpu_memory)
+    print(json.dumps(report) if ns.json else text)
     return 0
 
 
@@ -212,6 +233,12 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = sub.add_parser("inspect", help="the model of a config at init, on the CPU")
     inspect.add_argument("config")
     inspect.add_argument("--json", action="store_true", help="one JSON object")
+    inspect.add_argument("--memory", action="store_true",
+                         help="also estimate one rank's memory of a training step and its init, on --gpus GPUs")
+    inspect.add_argument("--gpus", type=int, help=f"GPUs of the layout for --memory ({GPUS_PER_NODE} a node; "
+                                                  f"default {GPUS_PER_NODE})")
+    inspect.add_argument("--gpu-memory", type=float, default=80.0, metavar="GiB",
+                         help="the GPU's memory for --memory's fits / does not fit (default 80: an H100)")
     inspect.set_defaults(run=cmd_inspect)
 
     tok = sub.add_parser("tokenizer", help="tokenizers").add_subparsers(dest="action", required=True)

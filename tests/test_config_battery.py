@@ -72,6 +72,11 @@ BATTERY = [
      "model_args.n_dense_layers = 4 leaves no MoE layer of model_args.n_layers = 4"),
     (MOE, ["--model_args.attention", "gqa"], 1, "model_args.attention = 'gqa': allowed mha, mla"),
     (MOE, ["--model_args.expert_kernel", "fast"], 1, "model_args.expert_kernel = 'fast': allowed auto, grouped, loop"),
+    (MOE, ["--parallelism.expert_parallel_degree", "2", "--activation_checkpoint.mode", "selective",
+           "--activation_checkpoint.selective_ac_option", "op"], 2,
+     "re:parallelism.expert_parallel_degree = 2 with activation_checkpoint.mode = \"selective\" and "
+     "selective_ac_option = \"op\" fails at the first backward on torch 2\\.13.*; use --activation_checkpoint.mode "
+     "full, a per-layer selective_ac_option such as 2, or expert_parallel_degree 1$"),
     (DENSE, ["--parallelism.tensor_parallel_degree", "2", "--training.seq_len", "255"], 2,
      "training.seq_len = 255 must be divisible by parallelism.tensor_parallel_degree = 2 (sequence parallelism)"),
     (DENSE, ["--parallelism.context_parallel_degree", "2"], 2,

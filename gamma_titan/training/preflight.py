@@ -68,6 +68,18 @@ def check_parallelism(config, world_size: int, args) -> None:
         raise ConfigError(f"parallelism.expert_parallel_degree = {ep}: {config.model.name}'s expert parallelism "
                           "(TorchTitan's) orders tokens with a Triton kernel, which needs CUDA; use 1 on this "
                           "machine")
+    ac = config.activation_checkpoint
+    if ep > 1 and ac.mode == "selective" and ac.selective_ac_option == "op" and sac_replays_fsdp_hooks():
+        # Measured (gamma_moe debug, EP 2 on 2 gloo ranks): the first backward fails with
+        # "profiler._record_function_enter_new ... invocation index 3 encountered during backward
+        # but not found in storage" on torch 2.13, trains on 2.11. Under EP the experts are a
+        # FSDP module of their own inside each checkpointed block, and torch 2.13's FSDP2 hooks
+        # emit profiler ops that selective AC replays by count; recompute emits more of them
+        # (TorchTitan issue #3427, PyTorch PR #185178, not merged). Full AC does not replay ops.
+        raise ConfigError(f"parallelism.expert_parallel_degree = {ep} with activation_checkpoint.mode = \"selective\" "
+                          f"and selective_ac_option = \"op\" fails at the first backward on torch {torch.__version__} "
+                          "(FSDP's hooks inside the checkpointed experts); use --activation_checkpoint.mode full, "
+                          "a per-layer selective_ac_option such as 2, or expert_parallel_degree 1")
     args.check_parallelism(p)
     non_dp = p.tensor_parallel_degree * p.context_parallel_degree * p.data_parallel_replicate_degree
     shard = p.data_parallel_shard_degree
@@ -144,6 +156,13 @@ def check_training(config) -> None:
 
 #: What a TorchTitan checkpoint holds, by top-level key (checkpoint.exclude_from_loading).
 CHECKPOINT_STATES = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state")
+
+
+def sac_replays_fsdp_hooks() -> bool:
+    """Whether this torch's selective activation checkpointing counts the profiler ops of
+    FSDP2's hooks: 2.13 does (measured), 2.11 does not (measured); 2.12, not measured, is
+    taken to as well."""
+    return torch.__version__ >= "2.12"
 
 
 def check_checkpoint(config) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._subclasses.fake_tensor import is_fake
 from torch.distributed.tensor import DTensor
 from torchtitan.models.moe import utils as moe_utils
 from torchtitan.models.moe.kernels import generate_permute_indices
@@ -174,9 +175,15 @@ def permute_by_local_expert(x: torch.Tensor, counts: torch.Tensor, ep_degree: in
     align = moe_utils.TOKEN_GROUP_ALIGN_SIZE_M
     max_len = _round_up(x.shape[0] + n_local * align, align)
     with torch.no_grad():
-        indices, group_sizes, _ = generate_permute_indices(
-            counts, n_local, ep_degree, max_len, align, use_cpu=x.device.type == "cpu"
-        )
+        if is_fake(counts):
+            # A memory estimate (FakeTensorMode: gamma_titan/memory.py) has no counts to read;
+            # the permutation's shapes do not depend on them.
+            indices = torch.zeros(max_len, dtype=torch.int32, device=x.device)
+            group_sizes = torch.full((n_local,), max_len // n_local, dtype=torch.int32, device=x.device)
+        else:
+            indices, group_sizes, _ = generate_permute_indices(
+                counts, n_local, ep_degree, max_len, align, use_cpu=x.device.type == "cpu"
+            )
     x = torch.vstack((x, x.new_zeros((x.shape[-1],))))  # row -1: what padding slots read
     return x.shape, x[indices, :], indices, group_sizes
 
@@ -207,7 +214,8 @@ class RoutedExperts(GroupedExperts):
 
     def forward(self, x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
         w1, w2, w3 = (w.to_local() if isinstance(w, DTensor) else w for w in (self.w1, self.w2, self.w3))
-        if not (self.kernel == "grouped" or self.kernel == "auto" and x.device.type == "cuda"):
+        grouped = self.kernel == "grouped" or self.kernel == "auto" and x.device.type == "cuda"
+        if not grouped and not is_fake(x):  # the loop reads the counts; an estimate runs the GPU's kernel
             # Each expert's weights as views of one unbind: indexing the stacked tensor per
             # expert instead makes every expert's backward write a zero gradient as large as
             # the whole stack (64 experts of 768 x 256: ~95% of a qwen3 debugmodel_moe step).

@@ -10,6 +10,7 @@ TorchTitan's unchanged.
 from __future__ import annotations
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 from torch.distributed._functional_collectives import all_to_all_single, all_to_all_single_autograd
 from torchtitan.distributed.expert_parallel import ExpertParallel as TitanExpertParallel
 
@@ -27,8 +28,13 @@ class ExpertParallel(TitanExpertParallel):
             received = torch.ops._c10d_functional.wait_tensor(all_to_all_single(counts, None, None, group=group))
             # The all-to-all's split sizes must be host numbers: both in one transfer, the
             # layer's only host sync (TorchTitan's dispatch has one blocking copy too).
-            splits = torch.stack([counts.view(ep_degree, -1).sum(dim=1), received.view(ep_degree, -1).sum(dim=1)])
-            self.input_splits, self.output_splits = splits.cpu().tolist()
+            if is_fake(counts):  # a memory estimate (gamma_titan/memory.py): tokens taken as evenly spread
+                tokens = routed_input.shape[0]
+                self.input_splits = [tokens // ep_degree + (r < tokens % ep_degree) for r in range(ep_degree)]
+                self.output_splits = list(self.input_splits)
+            else:
+                splits = torch.stack([counts.view(ep_degree, -1).sum(dim=1), received.view(ep_degree, -1).sum(dim=1)])
+                self.input_splits, self.output_splits = splits.cpu().tolist()
         routed_input = all_to_all_single_autograd(routed_input, self.output_splits, self.input_splits, group)
         self.input_shape, routed_input, self.permuted_indices, group_sizes = permute_by_local_expert(
             routed_input, received, ep_degree, n_local
