@@ -86,8 +86,8 @@ class RankEstimate:
 
 
 def estimate_rank(config, spec, args, world_size: int) -> RankEstimate:
-    """One training step's per-GPU memory for `config` (checked and derived by preflight at
-    this world size) on `world_size` GPUs, from rank 0's point of view."""
+    """Rank 0's memory of one training step and the values its init draws, for `config`
+    (checked and derived by preflight at this world size) on `world_size` GPUs."""
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
@@ -101,7 +101,7 @@ def estimate_rank(config, spec, args, world_size: int) -> RankEstimate:
     from gamma_titan.init import values_drawn
 
     if dist.is_initialized():
-        raise RuntimeError("estimate_memory needs a process without a process group")
+        raise RuntimeError("estimate_rank needs a process without a process group (it starts a fake one)")
     p = config.parallelism
     dims = ParallelDims(dp_shard=p.data_parallel_shard_degree, dp_replicate=p.data_parallel_replicate_degree,
                         cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,

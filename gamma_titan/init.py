@@ -200,9 +200,11 @@ def covering_chunks(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor
 def values_drawn(param: torch.Tensor) -> int:
     """How many values `fill_` draws on this rank for `param` (its covering chunks), without
     drawing them: what a layout costs at init (gamma_titan/estimate.py)."""
+    if param.ndim < 2:  # norm scales: filled with 1
+        return 0
     starts, lengths = block_segments(param.shape, local_block(param))
     keep = lengths > 0
-    if param.ndim < 2 or not keep.any():
+    if not keep.any():
         return 0
     numel = param.numel()
     return sum(min(CHUNK, numel - k * CHUNK) for k in covering_chunks(starts[keep], lengths[keep]).tolist())
