@@ -15,7 +15,7 @@ from helpers import REPO
 from gamma_titan.errors import ConfigError
 from gamma_titan.training.launch import SHUTDOWN_MARGIN_SECONDS, save_seconds
 from gamma_titan.recipes.plan import plan
-from gamma_titan.recipes.run import run_recipe
+from gamma_titan.recipes.run import execute, plan_recipe, run_recipe
 from gamma_titan.recipes.spec import available, load_recipe
 from gamma_titan.reports.scaling import PowerLaw, effective_size_gain, fit_power_law
 
@@ -54,10 +54,10 @@ def test_every_recipe_is_covered():
 def test_dry_run_lists_the_runs(name, scale, builtin_assets, tmp_path, capsys):
     out = tmp_path / "out"
     allow = None if scale == "tiny" else LIFT_EPOCHS
-    assert run_recipe(name, scale, dry_run=True, out=str(out), launcher="slurm" if scale == "paper" else "local",
-                      allow_epochs=allow) == 0
+    planned = plan_recipe(name, scale, out=str(out), allow_epochs=allow)  # what run_recipe plans, once
+    assert execute(planned, launcher="slurm" if scale == "paper" else "local", dry_run=True) == 0
     printed = capsys.readouterr().out
-    runs = plan(load_recipe(name), scale, allow_epochs=allow)
+    runs = planned.runs
     cells, must = EXPECTED[name]
     assert len({r.cell for r in runs}) == cells[scale] and len(runs) == cells[scale] * SEEDS[scale]
     assert len({r.name for r in runs}) == len(runs)
@@ -144,9 +144,10 @@ def test_an_eps_ablation_where_eps_never_dominates_is_warned_about(builtin_asset
     recipe.write_text('[recipe]\ntitle = "narrow"\n[grid]\n"gamma.norm_eps" = [1e-5, 1e-12]\n[scale.tiny]\n'
                       'tokens_per_param = 20\nseeds = [0]\n'
                       'models = [{ config = "configs/dense/tiny.toml", flavor = "tiny-64" }]\n')
-    assert run_recipe(str(recipe), "tiny", dry_run=True, out=str(tmp_path / "out")) == 0
+    planned = plan_recipe(str(recipe), "tiny", out=str(tmp_path / "out"))
+    assert execute(planned, dry_run=True) == 0
     printed = capsys.readouterr().out
-    runs = plan(load_recipe(str(recipe)), "tiny")
+    runs = planned.runs
     assert [r.hidden_var for r in runs] == [64.0 ** -2] * 2 and not any(r.eps_dominated for r in runs)
     assert "ε / σ²(h) at init = 1e-05 / 0.000244 = 0.041 (ε negligible: <= 0.1)" in printed
     assert ("WARNING: this recipe varies ε, but ε ≤ 0.1·σ²(h) in every run (largest ε/σ²(h): 0.041, run "
@@ -352,8 +353,9 @@ def test_a_recipe_can_name_torchtitans_models(model, builtin_assets, tmp_path, c
     recipe.write_text(f'[recipe]\ntitle = "{model} gate"\n[grid]\n"gamma.attention_gate" = ["none", "elementwise"]\n'
                       '"gamma.init_rate" = ["None", 1.0]\n[scale.tiny]\ntokens = 2e5\nseeds = [0]\n'
                       f'models = [{{ config = "configs/titan/{model}_debug.toml", flavor = "debugmodel" }}]\n')
-    assert run_recipe(str(recipe), "tiny", dry_run=True, out=str(tmp_path / "out")) == 0
-    runs = plan(load_recipe(str(recipe)), "tiny")
+    planned = plan_recipe(str(recipe), "tiny", out=str(tmp_path / "out"))
+    assert execute(planned, dry_run=True) == 0
+    runs = planned.runs
     assert len(runs) == 4 and len({r.params for r in runs}) == 2  # the gate adds n_layers x (dim x heads·hd)
     from gamma_titan.config import load_job_config
     from gamma_titan.inspect_model import resolve_model

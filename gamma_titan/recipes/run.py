@@ -10,6 +10,7 @@ the same folder is refused, so no run's results get mixed with another's.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -75,20 +76,44 @@ def check_out(out: Path, record: dict[str, Any]) -> None:
         raise ConfigError(f"--out {out}: not empty and holds no {PLAN_FILE}; choose another --out")
 
 
-def run_recipe(name: str, scale: str, launcher: str = "local", dry_run: bool = False, out: str | None = None,
-               jobs: int = 1, overrides: list[str] | None = None, steps: int | None = None,
-               seeds: list[int] | None = None, allow_epochs: float | None = None) -> int:
-    from gamma_titan.data.cache import write_json_atomic
+@dataclass
+class Planned:
+    """A recipe planned at a scale and checked against its output folder: what `execute` runs."""
 
-    if launcher not in ("local", "slurm"):
-        raise ConfigError(f"--launcher {launcher}: allowed local, slurm")
-    if jobs < 1:
-        raise ConfigError(f"--jobs {jobs}: must be >= 1")
+    recipe: Any
+    scale: str
+    runs: list[PlannedRun]
+    out: Path
+    record: dict[str, Any]
+
+
+def plan_recipe(name: str, scale: str, out: str | None = None, overrides: list[str] | None = None,
+                steps: int | None = None, seeds: list[int] | None = None,
+                allow_epochs: float | None = None) -> Planned:
+    """Every check before anything runs: the recipe, each run's config at its world size, OUT."""
     recipe = load_recipe(name)
     runs = plan(recipe, scale, parse_overrides(overrides or []), steps, seeds, allow_epochs)
     out_dir = Path(out) if out else Path("runs") / f"{recipe.name}-{scale}"
     record = plan_record(recipe, scale, runs)
     check_out(out_dir, record)
+    return Planned(recipe, scale, runs, out_dir, record)
+
+
+def run_recipe(name: str, scale: str, launcher: str = "local", dry_run: bool = False, out: str | None = None,
+               jobs: int = 1, overrides: list[str] | None = None, steps: int | None = None,
+               seeds: list[int] | None = None, allow_epochs: float | None = None) -> int:
+    if launcher not in ("local", "slurm"):
+        raise ConfigError(f"--launcher {launcher}: allowed local, slurm")
+    if jobs < 1:
+        raise ConfigError(f"--jobs {jobs}: must be >= 1")
+    return execute(plan_recipe(name, scale, out, overrides, steps, seeds, allow_epochs), launcher, dry_run, jobs)
+
+
+def execute(planned: Planned, launcher: str = "local", dry_run: bool = False, jobs: int = 1) -> int:
+    """Print the plan, then (without --dry-run) train the runs here or submit them to SLURM."""
+    from gamma_titan.data.cache import write_json_atomic
+
+    recipe, scale, runs, out_dir, record = planned.recipe, planned.scale, planned.runs, planned.out, planned.record
     if launcher == "local" and any(r.nodes > 1 for r in runs):
         many = next(r for r in runs if r.nodes > 1)
         raise ConfigError(f"--launcher local: run {many.name} needs {many.nodes} nodes; use --launcher slurm")
