@@ -74,7 +74,8 @@ def cmd_inspect(ns, overrides: list[str]) -> int:
     from gamma_titan.config import load_job_config
     from torchtitan.tools.utils import device_type
 
-    from gamma_titan.inspect_model import format_report, inspect_model, resolve_model, tokens_per_step
+    from gamma_titan.inspect_model import format_report, inspect_model, resolve_model, tokens_per_step, \
+        weight_decay_report
     from gamma_titan.training.main import attention_kernels
 
     config = load_job_config(_config_argv(ns.config, overrides))
@@ -91,6 +92,7 @@ def cmd_inspect(ns, overrides: list[str]) -> int:
         spec, args = resolve_model(config)
     report = inspect_model(spec, args, config.training.seq_len)
     report["tokens_per_step"] = tokens_per_step(config)
+    report["weight_decay"] = weight_decay_report(spec, args, config.optimizer.weight_decay_policy)
     report["attention_kernels"] = attention_kernels(args, config, device_type)  # on this machine's accelerator
     text = None if ns.json else format_report(report)
     if ns.memory:

@@ -204,6 +204,14 @@ def tokens_per_step(config) -> dict:
     return {"sequences": None, "per_rank": t.local_batch_size, "seq_len": t.seq_len, "tokens": None}
 
 
+def weight_decay_report(spec, args, policy: str) -> dict:
+    """Values AdamW decays and does not under [optimizer] weight_decay_policy."""
+    from gamma_titan.training.optimizer import decay_counts
+
+    with torch.device("meta"):
+        return decay_counts(spec.model_cls(args), policy)
+
+
 def format_report(report: dict) -> str:
     """The human-readable form: one line per (group, shape), then the model summary."""
     active = report.get("active_params")
@@ -218,6 +226,10 @@ def format_report(report: dict) -> str:
         "",
         f"{'group':<10} {'shape':<16} {'count':>5} {'fan_in':>7} {'γ':>5} {'target std':>11} {'measured std':>18}",
     ]
+    decay = report.get("weight_decay")
+    if decay is not None:
+        lines.insert(2, f"weight decay ({decay['policy']}): {decay['decayed']:,} values decayed, "
+                        f"{decay['not_decayed']:,} not (biases and 1-D parameters)")
     step = report.get("tokens_per_step")
     if step is not None and step["tokens"]:
         lines.insert(2, f"tokens per step: {step['tokens']:,} ({step['sequences']} sequences x {step['seq_len']}, "

@@ -34,11 +34,14 @@ EXPECTED = {
                  {"small_lr0.01": {"optimizer.lr": 0.01, "gamma.init_rate": 1.0, "gamma.norm_eps": 1e-12},
                   "standard_lr0.1": {"optimizer.lr": 0.1, "gamma.init_rate": 0.5, "gamma.attention_gate": "none"}}),
     "scaling": ({"tiny": 8, "gpu": 6, "paper": 8}, {}),
+    "weight_decay": ({"tiny": 2, "gpu": 2, "paper": 2},
+                     {"weight_decay_policyall": {"optimizer.weight_decay_policy": "all", "gamma.init_rate": 1.0},
+                      "weight_decay_policymegatron": {"optimizer.weight_decay_policy": "megatron"}}),
     "moe": ({"tiny": 8, "gpu": 8, "paper": 8}, {}),
 }
 SEEDS = {"tiny": 3, "gpu": 2, "paper": 1}
 PAPER_TOKENS = {"gamma_sweep": 36e9, "eps_ablation": 36e9, "gate_ablation": 36e9, "lr_check": 36e9, "scaling": 36e9,
-                "moe": 100e9}
+                "moe": 100e9, "weight_decay": 36e9}
 #: The gpu and paper scales train far more tokens than the built-in corpus holds (their
 #: configs' placeholder data): their plans here lift the epoch guard (a real run is given
 #: its data with --training.dataset_path).

@@ -73,7 +73,9 @@ def titan_run(tmp_path_factory, builtin_assets):
         if (model, layout) not in dumps:
             nproc, extra = layouts[layout]
             dump = tmp_path_factory.mktemp(f"{model}_{layout}") / "run"
+            # Megatron-LM's weight decay groups, so that PP and TP are checked with them too
             run_trainer(dump, *QUIET, "--training.steps", "4", "--debug.deterministic", "true",
+                        "--optimizer.weight_decay_policy", "megatron",
                         "--validation.enable", "true", "--validation.freq", "4", "--validation.steps", "2",
                         *SMALL_BATCH[model], *CALM.get(model, ()), *extra, nproc=nproc,
                         config=TITAN_CONFIGS[model])

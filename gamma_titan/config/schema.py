@@ -1,5 +1,6 @@
 """The TOML tables gamma_titan adds to TorchTitan's JobConfig: [gamma] (the paper's knobs,
-diagnostics, data, reliability) and [model_args] (any field of the model's flavor).
+diagnostics, data, reliability), [model_args] (any field of the model's flavor), and one
+key of [optimizer] (weight_decay_policy).
 
 Each field's docstring is its documentation; the choices of a `Literal` come from the
 tuple its owner defines (the gate from models/common/attention.py, the data's end from
@@ -104,7 +105,21 @@ def _model_args_overrides():
 ModelArgsOverrides = _model_args_overrides()
 
 
+#: [optimizer] weight_decay_policy (gamma_titan/training/optimizer.py).
+WEIGHT_DECAY_POLICIES = ("all", "megatron")
+
+
+@dataclass
+class Optimizer:
+    """gamma-titan's addition to TorchTitan's [optimizer] (its optimizer builder reads only
+    that table)."""
+
+    weight_decay_policy: Literal[WEIGHT_DECAY_POLICIES] = "all"
+    """Which parameters AdamW decays: all (TorchTitan's choice), or megatron (Megatron-LM's, the paper's: not the biases and 1-D parameters, i.e. the norm scales)."""
+
+
 @dataclass
 class JobConfig:
     gamma: Gamma = field(default_factory=Gamma)
     model_args: ModelArgsOverrides = field(default_factory=ModelArgsOverrides)
+    optimizer: Optimizer = field(default_factory=Optimizer)

@@ -4,6 +4,7 @@
   preflight     every check that can run before a process group starts (one-line errors)
   derive        settings a config leaves to the machine (HSDP, expert-parallel degree, float8 filter)
   train_spec    a model family's TrainSpec: its model with our data, tokenizer and metrics
+  optimizer     which parameters AdamW decays ([optimizer] weight_decay_policy)
   trainer       GammaTrainer: TorchTitan's Trainer with the step guard, SIGTERM and live diagnostics
   checkpoint    GammaCheckpointManager: TorchTitan's, with the rules a multi-week run needs
   reliability   the step guard, graceful stop and checkpoint-folder rules

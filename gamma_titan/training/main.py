@@ -13,7 +13,7 @@ import sys
 
 from gamma_titan.config import load_job_config
 from gamma_titan.errors import ConfigError
-from gamma_titan.inspect_model import format_report, inspect_model, tokens_per_step
+from gamma_titan.inspect_model import format_report, inspect_model, tokens_per_step, weight_decay_report
 from gamma_titan.training.preflight import launch_warnings, preflight, world_size_from_env
 
 #: Above this many parameters the startup summary skips the measured part (it draws
@@ -33,6 +33,7 @@ def startup_summary(spec, args, config, device_type: str) -> str:
     measure = device_type == "cpu" and n_params <= STARTUP_MEASURE_MAX_PARAMS
     report = inspect_model(spec, args, config.training.seq_len, measure=measure)
     report["tokens_per_step"] = tokens_per_step(config)
+    report["weight_decay"] = weight_decay_report(spec, args, config.optimizer.weight_decay_policy)
     report["attention_kernels"] = attention_kernels(args, config, device_type)
     text = format_report(report)
     if not measure:

@@ -11,6 +11,7 @@ from torchtitan.protocols.train_spec import TrainSpec
 
 from gamma_titan.data.loader import build_dataloader, build_validator
 from gamma_titan.training.metrics import build_metrics_processor
+from gamma_titan.training.optimizer import with_weight_decay_policy
 
 
 def build_tokenizer(job_config) -> HuggingFaceTokenizer:
@@ -38,7 +39,9 @@ def family_spec(model_cls, flavors, parallelize_fn, *, build_optimizers_fn=build
 
 def with_our_components(spec: TrainSpec) -> TrainSpec:
     """A TrainSpec with the project's data (shard datasets, and TorchTitan's text loader for
-    the others), tokenizer ("builtin") and metrics (metrics.jsonl, diagnostics) builders."""
+    the others), tokenizer ("builtin") and metrics (metrics.jsonl, diagnostics) builders, and
+    the family's optimizer builder followed by [optimizer] weight_decay_policy."""
     return dataclasses.replace(spec, build_dataloader_fn=build_dataloader, build_tokenizer_fn=build_tokenizer,
                                build_validator_fn=build_validator,
-                               build_metrics_processor_fn=build_metrics_processor)
+                               build_metrics_processor_fn=build_metrics_processor,
+                               build_optimizers_fn=with_weight_decay_policy(spec.build_optimizers_fn))
