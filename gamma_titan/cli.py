@@ -29,6 +29,7 @@ import os
 import sys
 from pathlib import Path
 
+from gamma_titan.config.flags import Parser, count, number, seed_list
 from gamma_titan.errors import ConfigError
 from gamma_titan.recipes.spec import SCALES
 
@@ -57,9 +58,7 @@ def cmd_train(ns, overrides: list[str]) -> int:
     from gamma_titan.config import load_job_config
     from gamma_titan.training.preflight import preflight
 
-    nproc = ns.nproc or _default_nproc()
-    if nproc < 1:
-        raise ConfigError(f"--nproc {nproc}: must be >= 1")
+    nproc = _default_nproc() if ns.nproc is None else ns.nproc
     argv = _config_argv(ns.config, overrides)
     config = load_job_config(argv)
     preflight(config, world_size=nproc, local_world_size=nproc)  # fail here, before torchrun starts
@@ -79,10 +78,6 @@ def cmd_inspect(ns, overrides: list[str]) -> int:
     from gamma_titan.training.main import attention_kernels
 
     config = load_job_config(_config_argv(ns.config, overrides))
-    if ns.gpus is not None and ns.gpus < 1:
-        raise ConfigError(f"--gpus {ns.gpus}: must be >= 1")
-    if not ns.gpu_memory > 0:
-        raise ConfigError(f"--gpu-memory {ns.gpu_memory}: must be a number of GiB > 0")
     if ns.memory:  # the layout at that many GPUs, 8 a node (derive.py fills in the degrees)
         from gamma_titan.training.preflight import preflight
 
@@ -213,23 +208,19 @@ def cmd_recipe(ns, overrides: list[str]) -> int:
             recipe = load_recipe(name)
             print(f"{name:14s} {recipe.figure:10s} {recipe.title}")
         return 0
-    seeds = None
-    if ns.seeds is not None:
-        try:
-            seeds = [int(x) for x in ns.seeds.split(",")]
-        except ValueError:
-            raise ConfigError(f"--seeds {ns.seeds}: a comma-separated list of integers, e.g. 0,1,2") from None
     return run_recipe(ns.name, ns.scale, launcher=ns.launcher, dry_run=ns.dry_run, out=ns.out, jobs=ns.jobs,
-                      overrides=overrides, steps=ns.steps, seeds=seeds, allow_epochs=ns.allow_epochs)
+                      overrides=overrides, steps=ns.steps, seeds=ns.seeds, allow_epochs=ns.allow_epochs)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gamma-titan", description=__doc__.split("\n\n")[0])
+    from gamma_titan.data.tokenizer import DEFAULT_BUILTIN_VOCAB, MIN_VOCAB_SIZE
+
+    parser = Parser(prog="gamma-titan", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="check a config and launch training with torchrun")
     train.add_argument("config", help="TOML file (configs/...)")
-    train.add_argument("--nproc", type=int, default=0, help="processes on this node")
+    train.add_argument("--nproc", type=count(1), help="processes on this node (default: its GPUs, or 1)")
     train.set_defaults(run=cmd_train)
 
     inspect = sub.add_parser("inspect", help="the model of a config at init, on the CPU")
@@ -237,9 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--json", action="store_true", help="one JSON object")
     inspect.add_argument("--memory", action="store_true",
                          help="also estimate one rank's memory of a training step and its init, on --gpus GPUs")
-    inspect.add_argument("--gpus", type=int, help=f"GPUs of the layout for --memory ({GPUS_PER_NODE} a node; "
+    inspect.add_argument("--gpus", type=count(1), help=f"GPUs of the layout for --memory ({GPUS_PER_NODE} a node; "
                                                   f"default {GPUS_PER_NODE})")
-    inspect.add_argument("--gpu-memory", type=float, default=80.0, metavar="GiB",
+    inspect.add_argument("--gpu-memory", type=number(0), default=80.0, metavar="GiB",
                          help="the GPU's memory for --memory's fits / does not fit (default 80: an H100)")
     inspect.set_defaults(run=cmd_inspect)
 
@@ -248,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     tok_train.add_argument("--input", help="text to train on: a .jsonl/.json/.parquet/.txt file or folder, "
                                            "a save_to_disk folder or a hub id (records need a 'text' field)")
     tok_train.add_argument("--out", help="folder to write tokenizer.json and tokenizer_config.json to")
-    tok_train.add_argument("--vocab-size", type=int, default=4096)
+    tok_train.add_argument("--vocab-size", type=count(MIN_VOCAB_SIZE), default=DEFAULT_BUILTIN_VOCAB)
     tok_train.add_argument("--force", action="store_true", help="retrain even if cached / replace the one in --out")
     tok_train.set_defaults(run=cmd_tokenizer_train)
 
@@ -258,11 +249,11 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--input", required=True, help="documents: same sources as tokenizer train --input")
     pre.add_argument("--tokenizer", required=True, help='tokenizer folder (tokenizer.json), or "builtin"')
     pre.add_argument("--out", required=True, help="shard folder to write (rerun the same command to resume)")
-    pre.add_argument("--num-proc", type=int, default=1, help="tokenizing processes")
-    pre.add_argument("--val-fraction", type=float, default=0.0,
+    pre.add_argument("--num-proc", type=count(1), default=1, help="tokenizing processes")
+    pre.add_argument("--val-fraction", type=number(0, 1, low_open=False, high_open=True), default=0.0,
                      help="fraction of documents held out for validation (by a hash of their text)")
     pre.add_argument("--val-input", help="documents for the validation split (besides --val-fraction)")
-    pre.add_argument("--docs-per-shard", type=int, default=DEFAULT_DOCS_PER_SHARD,
+    pre.add_argument("--docs-per-shard", type=count(1), default=DEFAULT_DOCS_PER_SHARD,
                      help="documents per work unit and shard")
     pre.add_argument("--quiet", action="store_true", help="no progress bar")
     pre.set_defaults(run=cmd_pretokenize)
@@ -289,9 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--local-task", nargs="*", metavar="NAME=FILE.jsonl",
                     help='multiple-choice task over a local jsonl of {"question", "choices", "answer"}')
     ev.add_argument("--include-path", help="folder of your own lm-eval task YAMLs")
-    ev.add_argument("--limit", type=float, help="at most this many examples per task (or a fraction)")
-    ev.add_argument("--num-fewshot", type=int)
-    ev.add_argument("--batch-size", type=int, default=8)
+    ev.add_argument("--limit", type=number(0), help="at most this many examples per task (or a fraction)")
+    ev.add_argument("--num-fewshot", type=count(0))
+    ev.add_argument("--batch-size", type=count(1), default=8)
     ev.add_argument("--device", default="cuda" if _cuda() else "cpu")
     ev.add_argument("--out", help="results JSON (default HF_DIR/eval/results.json); compare: markdown file")
     ev.add_argument("--labels", nargs=2, help="compare: column names for the two runs")
@@ -305,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     condensation.add_argument("--out", help="output folder (default: RUN_DIR/report of the first run)")
     condensation.add_argument("--matrices", nargs="*", metavar="NAME",
                               help="weights for row-cosine maps (default: layer 0's attention.wo and FFN w1)")
-    condensation.add_argument("--steps", nargs="*", type=int, metavar="STEP",
+    condensation.add_argument("--steps", nargs="*", type=count(0), metavar="STEP",
                               help="checkpoint steps for the row-cosine maps (default: first, middle, last)")
     condensation.set_defaults(run=cmd_report_condensation)
     recipe_report = report.add_parser("recipe", help="tables and plots of a recipe's runs (markdown + PNG)")
@@ -317,8 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
     tokens.add_argument("std", metavar="CKPT_STD", help="checkpoint/step-N of the standard-init model")
     tokens.add_argument("--data", default="builtin_validation",
                         help='token data: "builtin_validation", "builtin" or a pretokenized shard folder')
-    tokens.add_argument("--tokens", type=int, default=100_000, help="at most this many tokens scored")
-    tokens.add_argument("--seq-len", type=int, default=0, help="context length (default: the models' training one)")
+    tokens.add_argument("--tokens", type=count(1), default=100_000, help="at most this many tokens scored")
+    tokens.add_argument("--seq-len", type=count(1), help="context length (default: the models' training one)")
     tokens.add_argument("--text", help="text to colour by per-token gain in the HTML (default: a data sequence)")
     tokens.add_argument("--out", help="output folder (default: ./token_report)")
     tokens.add_argument("--overwrite", action="store_true", help="replace files in a non-empty --out")
@@ -335,12 +326,12 @@ def build_parser() -> argparse.ArgumentParser:
     recipe_run.add_argument("--dry-run", action="store_true",
                             help="print every run (slurm: also write the sbatch scripts); train nothing")
     recipe_run.add_argument("--out", help="folder for the runs, scripts and report (default: runs/NAME-SCALE)")
-    recipe_run.add_argument("--jobs", type=int, default=1, help="local: runs trained at once")
-    recipe_run.add_argument("--steps", type=int, help="every run trains this many steps instead of its token budget "
+    recipe_run.add_argument("--jobs", type=count(1), default=1, help="local: runs trained at once")
+    recipe_run.add_argument("--steps", type=count(1), help="every run trains this many steps instead of its token budget "
                                                       "(a smoke test; tiny: a multiple of 4)")
-    recipe_run.add_argument("--seeds", help="comma-separated seeds every run is repeated over, instead of the "
+    recipe_run.add_argument("--seeds", type=seed_list, help="comma-separated seeds every run is repeated over, instead of the "
                                             "scale's (init and data order change with the seed)")
-    recipe_run.add_argument("--allow-epochs", type=float,
+    recipe_run.add_argument("--allow-epochs", type=number(0),
                             help="passes over the training data a run may make (default: the scale's, 1)")
     recipe_run.set_defaults(run=cmd_recipe)
     recipe_sub.add_parser("list", help="the recipes in recipes/").set_defaults(run=cmd_recipe)

@@ -50,11 +50,11 @@ BATTERY = [
     (DENSE, ["--model.flavor", "huge"], 1, "model.flavor = 'huge': allowed for gamma_dense: debug, tiny-32, tiny-48, tiny-64, "
      "tiny-96, tiny-128, gpu-256, gpu-384, gpu-512, gpu-768, 0.1B, 0.3B, 0.7B, 1.5B, 7B"),
     (DENSE, ["--model.name", "nonexistent"], 1, "model.name = 'nonexistent': allowed gamma_dense, gamma_moe, llama3, qwen3, deepseek_v3"),
-    (DENSE, ["--training.steps", "0"], 1, "training.steps = 0: must be a positive integer"),
+    (DENSE, ["--training.steps", "0"], 1, "training.steps = 0: must be an integer >= 1"),
     (DENSE, ["--training.steps", "1.5"], 1, "training.steps = '1.5': must be an integer"),
     (DENSE, ["--model_args.rope_theta=big"], 1, "model_args.rope_theta = 'big': must be a number"),
-    (DENSE, ["--training.seq_len", "0"], 1, "training.seq_len = 0: must be a positive integer"),
-    (DENSE, ["--training.local_batch_size", "0"], 1, "training.local_batch_size = 0: must be a positive integer"),
+    (DENSE, ["--training.seq_len", "0"], 1, "training.seq_len = 0: must be an integer >= 1"),
+    (DENSE, ["--training.local_batch_size", "0"], 1, "training.local_batch_size = 0: must be an integer >= 1"),
     (DENSE, ["--training.global_batch_size", "12"], 1, "training.global_batch_size = 12: must be -1 or a multiple "
      "of local_batch_size x data-parallel degree = 8 (the rest is gradient accumulation)"),
     (DENSE, ["--parallelism.tensor_parallel_degree", "3"], 3,
@@ -93,11 +93,11 @@ BATTERY = [
     (DENSE, ["--training.bogus", "1"], 1, "re:unknown option --training.bogus; allowed under training: dataloader, "),
     (DENSE, ["--model.converters", "quantize.linear.float8"], 1,
      "quantize.linear.float8.emulate must be true without an SM89+ GPU (float8 runs emulated on this machine)"),
-    (DENSE, ["--checkpoint.interval", "0"], 1, "checkpoint.interval = 0: must be a positive integer"),
+    (DENSE, ["--checkpoint.interval", "0"], 1, "checkpoint.interval = 0: must be an integer >= 1"),
     (DENSE, ["--checkpoint.keep_latest_k", "1"], 1,
-     "checkpoint.keep_latest_k = 1: must be 0 (keep all) or >= 2 (TorchTitan keeps a spare while the newest "
-     "may still be being written)"),
-    (DENSE, ["--metrics.log_freq", "0"], 1, "metrics.log_freq = 0: must be a positive integer"),
+     "checkpoint.keep_latest_k = 1: must be 0 (keep all) or an integer >= 2 (TorchTitan keeps a spare while the "
+     "newest may still be being written)"),
+    (DENSE, ["--metrics.log_freq", "0"], 1, "metrics.log_freq = 0: must be an integer >= 1"),
     # what TorchTitan's CheckpointManager rejects only at the first load or the final save
     (DENSE, ["--checkpoint.enable", "true", "--checkpoint.last_save_in_hf", "true",
              "--checkpoint.last_save_model_only", "false"], 1,
@@ -113,11 +113,61 @@ BATTERY = [
     (DENSE, ["--checkpoint.enable", "true", "--checkpoint.async_mode", "sometimes"], 1,
      "checkpoint.async_mode = 'sometimes': allowed disabled, async, async_with_pinned_mem"),
     (DENSE, ["--checkpoint.enable", "true", "--checkpoint.exclude_from_loading", "optimizer,weights"], 1,
-     "checkpoint.exclude_from_loading: 'weights' is not in a checkpoint (its parts: model, optimizer, "
-     "lr_scheduler, dataloader, train_state)"),
+     "checkpoint.exclude_from_loading = ['optimizer', 'weights']: allowed a list of model, optimizer, "
+     "lr_scheduler, dataloader, train_state"),
     (DENSE, ["--checkpoint.enable", "true", "--checkpoint.initial_load_path", "/nonexistent/step-5"], 1,
      "checkpoint.initial_load_path = '/nonexistent/step-5': no such folder"),
     (DENSE, ["--validation.steps", "0"], 1, "validation steps must be positive or -1"),
+    # TorchTitan's own keys (gamma_titan/config/titan_keys.py) and their combinations
+    (DENSE, ["--optimizer.name", "adam"], 1, "optimizer.name = 'adam': allowed Adam, AdamW"),
+    (DENSE, ["--optimizer.lr", "0"], 1, "optimizer.lr = 0.0: must be a number > 0"),
+    (DENSE, ["--optimizer.beta2", "1"], 1, "optimizer.beta2 = 1.0: must be a number in [0, 1)"),
+    (DENSE, ["--optimizer.weight_decay", "-0.1"], 1, "optimizer.weight_decay = -0.1: must be a number >= 0"),
+    (DENSE, ["--lr_scheduler.min_lr_factor", "2"], 1, "lr_scheduler.min_lr_factor = 2.0: must be a number in [0, 1]"),
+    (DENSE, ["--lr_scheduler.warmup_steps", "-1"], 1, "lr_scheduler.warmup_steps = -1: must be an integer >= 0"),
+    (DENSE, ["--lr_scheduler.total_steps", "100"], 1,
+     "lr_scheduler.total_steps = 100 is below training.steps = 200: past it the decay runs on (a linear or sqrt "
+     "learning rate turns negative); use at least training.steps, or leave it unset"),
+    (DENSE, ["--training.max_norm", "0"], 1, "training.max_norm = 0.0: must be a number > 0"),
+    (DENSE, ["--training.global_batch_size", "0"], 1,
+     "training.global_batch_size = 0: must be an integer >= 1, or -1 (-1: local_batch_size x data-parallel degree)"),
+    (DENSE, ["--training.dataloader.prefetch_factor", "2"], 1,
+     "training.dataloader.prefetch_factor = 2 needs training.dataloader.num_workers > 0 (PyTorch's DataLoader "
+     "refuses it without worker processes)"),
+    (DENSE, ["--parallelism.tensor_parallel_degree", "0"], 1,
+     "parallelism.tensor_parallel_degree = 0: must be an integer >= 1"),
+    (DENSE, ["--parallelism.data_parallel_shard_degree", "0"], 1,
+     "parallelism.data_parallel_shard_degree = 0: must be an integer >= 1, or -1 (-1: the ranks left over)"),
+    (DENSE, ["--parallelism.pipeline_parallel_schedule", "zigzag"], 1,
+     "re:parallelism.pipeline_parallel_schedule = 'zigzag': 'zigzag' is not one of 1F1B, .*GPipe, "),
+    (MOE, ["--parallelism.expert_tensor_parallel_degree", "2"], 1,
+     "parallelism.expert_tensor_parallel_degree = 2: allowed 1 or tensor_parallel_degree (1)"),
+    (DENSE, ["--activation_checkpoint.selective_ac_option", "0"], 1,
+     "activation_checkpoint.selective_ac_option = '0': must be \"op\" or a layer interval \"1\", \"2\", ..."),
+    (DENSE, ["--activation_checkpoint.mode", "memory_budget"], 1,
+     "activation_checkpoint.mode = \"memory_budget\" needs compile.enable = true with \"model\" in "
+     "compile.components (the budget is the compiler's partitioner's)"),
+    (DENSE, ["--compile.backend", "inductr"], 1, "re:compile.backend = 'inductr': 'inductr' is not one of .*inductor"),
+    (DENSE, ["--compile.components", "model,optimizer"], 1,
+     "compile.components = ['model', 'optimizer']: allowed a list of model, loss"),
+    (DENSE, ["--comm.trace_buf_size", "-1"], 1,
+     "comm.trace_buf_size = -1: must be an integer >= 0 (0: no flight recorder)"),
+    (DENSE, ["--debug.seed", "-3"], 1, "debug.seed = -3: must be an integer >= 0 (or unset)"),
+    (DENSE, ["--profiling.enable_profiling", "true", "--profiling.profile_freq", "2"], 1,
+     "profiling.profile_freq = 2 must be >= profiler_warmup + profiler_active = 4"),
+    (DENSE, ["--experimental.custom_import", "no_such_package.models"], 1,
+     "experimental.custom_import = 'no_such_package.models': no such module on this Python's path"),
+    (DENSE, ["--fault_tolerance.enable", "true"], 1,
+     "fault_tolerance.enable: needs the torchft package, which this Python does not have; pip install torchft, or "
+     "leave fault_tolerance.enable at its default"),
+    (DENSE, ["--checkpoint.create_seed_checkpoint", "true"], 2,
+     "checkpoint.create_seed_checkpoint = true runs on one process (TorchTitan's rule); this launch has 2"),
+    (DENSE, ["--optimizer.early_step_in_backward", "true"], 1,
+     "optimizer.early_step_in_backward = true cannot skip a non-finite step (it is taken inside backward); set "
+     "gamma.reliability.on_nonfinite = \"stop\""),
+    (DENSE, ["--model.converters", "quantize.linear.mx"], 1,
+     "model.converters = ['quantize.linear.mx']: MX training needs an SM100 (Blackwell) GPU (TorchTitan's rule); "
+     "use quantize.linear.float8"),
     ("configs/nonexistent.toml", [], 1, f"job.config_file: '{REPO / 'configs/nonexistent.toml'}' does not exist"),
 ]
 

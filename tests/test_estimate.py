@@ -102,4 +102,4 @@ def test_inspect_memory_prints_the_breakdown_and_the_verdict(builtin_assets):
     report = json.loads(as_json.stdout.strip().splitlines()[-1])["estimate"]
     assert report["world_size"] == 8 and report["fits"] and report["layout"]["FSDP"] == 8  # one node by default
     bad = subprocess.run([*cli, "--memory", "--gpus", "0"], capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1] == "error: --gpus 0: must be >= 1"
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1] == "error: argument --gpus: 0: must be an integer >= 1"

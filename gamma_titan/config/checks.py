@@ -2,6 +2,8 @@
 the key as the TOML spells it."""
 
 import math
+import typing
+from dataclasses import fields
 from typing import Any
 
 from gamma_titan.data.names import ON_EXHAUSTED
@@ -10,7 +12,7 @@ from gamma_titan.init import GROUPS
 from gamma_titan.models.common import ATTENTION_GATES
 from gamma_titan.training.reliability import ON_NONFINITE
 
-from .schema import Data, Diagnostics, Gamma, Reliability
+from .schema import Data, Diagnostics, Gamma, ModelArgsOverrides, Reliability
 
 MAX_INIT_RATE = 4.0
 
@@ -84,3 +86,22 @@ def _check_diagnostics(d: Diagnostics) -> None:
             raise ConfigError(f"gamma.diagnostics.{key} = {value!r}: must be an integer >= {low}")
     if not isinstance(d.cosine_params, list) or not all(isinstance(n, str) for n in d.cosine_params):
         raise ConfigError(f"gamma.diagnostics.cosine_params = {d.cosine_params!r}: must be a list of weight names")
+
+
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def check_model_args_types(model_args) -> None:
+    """Each [model_args] value set must have its field's type (a TOML value is not converted);
+    the ranges are the family's checks (models/<family>/args.py, `check`)."""
+    hints = typing.get_type_hints(ModelArgsOverrides)
+    for f in fields(model_args):
+        value = getattr(model_args, f.name)
+        if value is None:
+            continue
+        kinds = [k for k in typing.get_args(hints[f.name]) if k is not type(None)] or [hints[f.name]]
+        ok = any(_is_number(value) if k is float else
+                 isinstance(value, k) and not (k is int and isinstance(value, bool)) for k in kinds)
+        if not ok:
+            allowed = " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
+            raise ConfigError(f"model_args.{f.name} = {value!r}: must be {allowed}")

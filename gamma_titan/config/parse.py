@@ -18,8 +18,9 @@ from dataclasses import fields, is_dataclass
 
 from gamma_titan.errors import ConfigError
 
-from .checks import check_gamma
+from .checks import check_gamma, check_model_args_types
 from .schema import Data, Diagnostics, Gamma, InitRateOverrides, Reliability
+from .titan_keys import check_titan_keys
 
 CONFIG_MODULE = "gamma_titan.config"
 _TYRO_FLAG = re.compile(r"--([a-z0-9_]+(?:\.[a-z0-9_-]+)+)")  # tyro's "--gamma.attention-gate"
@@ -166,7 +167,8 @@ def load_job_config(argv: list[str]):
 
     The config module defaults to this one (`--job.custom_config_module` on the CLI or
     in [job] picks another, e.g. one that extends it). Raises ConfigError for unknown
-    keys and bad [gamma] values. Nothing is started or written.
+    keys and for values a key cannot mean ([gamma]'s, and TorchTitan's own: titan_keys.py).
+    Nothing is started or written.
     """
     from torchtitan.config.job_config import JobConfig as TitanJobConfig
 
@@ -193,6 +195,8 @@ def load_job_config(argv: list[str]):
                           reliability=reliability))
     config = _parse_quietly(_normalise_cli(merged, argv))
     check_gamma(config.gamma)
+    check_model_args_types(config.model_args)
+    check_titan_keys(config)
     return config
 
 

@@ -201,7 +201,7 @@ def _check_out(out: Path, overwrite: bool) -> None:
 
 
 def write_token_report(small: str | Path, std: str | Path, out: str | Path, *, data: str = "builtin_validation",
-                       max_tokens: int = 100_000, text: str | None = None, seq_len: int = 0,
+                       max_tokens: int = 100_000, text: str | None = None, seq_len: int | None = None,
                        overwrite: bool = False) -> list[Path]:
     from tokenizers import Tokenizer
 
@@ -217,7 +217,8 @@ def write_token_report(small: str | Path, std: str | Path, out: str | Path, *, d
     tokenizer_dir = Path(rec_small["tokenizer"])
     if not (tokenizer_dir / "tokenizer.json").is_file():
         raise ConfigError(f"CKPT_SMALL: its tokenizer {tokenizer_dir} (model.json) is gone")
-    seq_len = seq_len or training_seq_len(Path(small)) or rec_small["args"]["max_seq_len"]
+    if seq_len is None:  # the small model's training context, else its rotary length
+        seq_len = training_seq_len(Path(small)) or rec_small["args"]["max_seq_len"]
     if seq_len < 1 or seq_len > min(rec_small["args"]["max_seq_len"], rec_std["args"]["max_seq_len"]):
         raise ConfigError(f"--seq-len {seq_len}: must be between 1 and the models' max_seq_len")
     tokens = read_tokens(data, tokenizer_dir, max_tokens)

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import math
 
-from gamma_titan.models.common.parallelize import FLOAT8_LINEAR
+from gamma_titan.config.titan_keys import AUTO
 from gamma_titan.errors import ConfigError
-
-AUTO = -1
+from gamma_titan.models.common.parallelize import FLOAT8_LINEAR
 
 
 def derive_settings(config, args, world_size: int, local_world_size: int) -> None:

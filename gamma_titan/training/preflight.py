@@ -26,17 +26,7 @@ def global_batch_size(training, data_parallel_degree: int) -> int:
 
 
 def check_parallelism(config, world_size: int, args) -> None:
-    p = config.parallelism
-    degrees = {
-        "parallelism.data_parallel_replicate_degree": p.data_parallel_replicate_degree,
-        "parallelism.tensor_parallel_degree": p.tensor_parallel_degree,
-        "parallelism.context_parallel_degree": p.context_parallel_degree,
-        "parallelism.pipeline_parallel_degree": p.pipeline_parallel_degree,
-        "parallelism.expert_parallel_degree": p.expert_parallel_degree,
-    }
-    for key, value in degrees.items():
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{key} = {value!r}: must be an integer >= 1")
+    p = config.parallelism  # each degree is an integer >= 1 (gamma_titan/config/titan_keys.py)
     if p.pipeline_parallel_degree > 1 and not args.supports_pipeline_parallel():
         raise ConfigError(f"parallelism.pipeline_parallel_degree = {p.pipeline_parallel_degree}: "
                           f"{config.model.name} supports 1 (no pipeline parallelism)")
@@ -88,11 +78,10 @@ def check_parallelism(config, world_size: int, args) -> None:
             raise ConfigError(
                 f"world size {world_size} is not divisible by tensor x context x replicate degrees = {non_dp}"
             )
-    elif not isinstance(shard, int) or shard < 1 or shard * non_dp != world_size:
+    elif shard * non_dp != world_size:
         raise ConfigError(
-            f"parallelism.data_parallel_shard_degree = {shard!r}: the degrees multiply to "
-            f"{shard * non_dp if isinstance(shard, int) else '?'} but the world size is {world_size} "
-            "(use -1 to infer)"
+            f"parallelism.data_parallel_shard_degree = {shard}: the degrees multiply to {shard * non_dp} but the "
+            f"world size is {world_size} (use -1 to infer)"
         )
     dp_shard = world_size // non_dp if shard == -1 else shard
     tp_sdpa = p.tensor_parallel_degree > 1 and args.tensor_parallel_shards_sdpa()
@@ -109,7 +98,7 @@ def check_parallelism(config, world_size: int, args) -> None:
                           f"shard degree ({dp_shard}) x context parallel degree")
     per_step = config.training.local_batch_size * dp_shard * p.data_parallel_replicate_degree
     gbs = config.training.global_batch_size
-    if gbs != -1 and (not isinstance(gbs, int) or gbs < per_step or gbs % per_step):
+    if gbs != -1 and (gbs < per_step or gbs % per_step):
         raise ConfigError(f"training.global_batch_size = {gbs!r}: must be -1 or a multiple of local_batch_size x "
                           f"data-parallel degree = {per_step} (the rest is gradient accumulation)")
     if config.training.seq_len % p.tensor_parallel_degree:
@@ -117,35 +106,42 @@ def check_parallelism(config, world_size: int, args) -> None:
                           f"parallelism.tensor_parallel_degree = {p.tensor_parallel_degree} (sequence parallelism)")
 
 
-def check_training(config) -> None:
-    t = config.training
-    for key in ("steps", "local_batch_size", "seq_len"):
-        value = getattr(t, key)
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"training.{key} = {value!r}: must be a positive integer")
-    positive = {"checkpoint.interval": config.checkpoint.interval, "metrics.log_freq": config.metrics.log_freq}
-    if config.validation.enable:
-        positive["validation.freq"] = config.validation.freq
-    for key, value in positive.items():
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{key} = {value!r}: must be a positive integer")
-    keep = config.checkpoint.keep_latest_k
-    if not isinstance(keep, int) or keep < 0 or keep == 1:
-        raise ConfigError(f"checkpoint.keep_latest_k = {keep!r}: must be 0 (keep all) or >= 2 (TorchTitan keeps "
-                          "a spare while the newest may still be being written)")
-    steps = config.validation.steps
-    if config.validation.enable and (not isinstance(steps, int) or (steps < 1 and steps != -1)):
-        raise ConfigError(f"validation.steps = {steps!r}: must be a positive integer, or -1 for the whole split")
-    from torchtitan.protocols.model_converter import _registry_model_converter_cls as converters
-
-    for name in config.model.converters:
-        if name not in converters:
-            raise ConfigError(f"model.converters: unknown converter {name!r}; allowed: {', '.join(sorted(converters))}")
-    if FLOAT8_LINEAR in config.model.converters:
-        import torch
+def check_training(config, world_size: int) -> None:
+    """What float8 and TorchTitan's Trainer need of the machine (each key's own range is
+    gamma_titan/config/titan_keys.py's)."""
+    custom = config.experimental.custom_import
+    if custom and not _importable(custom):  # TorchTitan's Trainer imports it
+        raise ConfigError(f"experimental.custom_import = {custom!r}: no such module on this Python's path")
+    needs = {"fault_tolerance.enable": (config.fault_tolerance.enable, "torchft", "torchft"),
+             "metrics.enable_wandb": (config.metrics.enable_wandb, "wandb", '".[wandb]" (this project\'s extra)'),
+             "parallelism.expert_parallel_comm_backend": (
+                 config.parallelism.expert_parallel_comm_backend == "deepep", "deep_ep", "DeepEP (CUDA only)")}
+    for key, (asked, module, package) in needs.items():
+        if asked and not _importable(module):
+            raise ConfigError(f"{key}: needs the {module} package, which this Python does not have; pip install "
+                              f"{package}, or leave {key} at its default")
+    csv = config.parallelism.pipeline_parallel_schedule_csv
+    if csv and not os.path.isfile(csv):
+        raise ConfigError(f"parallelism.pipeline_parallel_schedule_csv = {csv!r}: no such file")
+    if config.checkpoint.create_seed_checkpoint and world_size != 1:
+        raise ConfigError("checkpoint.create_seed_checkpoint = true runs on one process (TorchTitan's rule); "
+                          f"this launch has {world_size}")
+    converters = config.model.converters
+    if any(c.endswith(".mx") for c in converters) and not _cuda_capability((10, 0)):
+        raise ConfigError(f"model.converters = {converters}: MX training needs an SM100 (Blackwell) GPU "
+                          "(TorchTitan's rule); use quantize.linear.float8")
+    if "quantize.grouped_mm.float8" in converters:
+        p = config.parallelism
+        if not _cuda_capability((8, 9)):
+            raise ConfigError("model.converters: quantize.grouped_mm.float8 needs an SM89+ GPU (TorchTitan's float8 MoE "
+                              "training has no emulation)")
+        if p.pipeline_parallel_degree > 1 or p.context_parallel_degree > 1:
+            raise ConfigError("model.converters: quantize.grouped_mm.float8 needs pipeline_parallel_degree and "
+                              "context_parallel_degree 1 (TorchTitan's float8 MoE prototype)")
+    if FLOAT8_LINEAR in converters:
 
         compiled = config.compile.enable and "model" in config.compile.components
-        if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
+        if not _cuda_capability((8, 9)):
             if not config.quantize.linear.float8.emulate:
                 raise ConfigError("quantize.linear.float8.emulate must be true without an SM89+ GPU "
                                   "(float8 runs emulated on this machine)")
@@ -154,8 +150,17 @@ def check_training(config) -> None:
                                   "(quantize.linear.float8.emulate)")
 
 
-#: What a TorchTitan checkpoint holds, by top-level key (checkpoint.exclude_from_loading).
-CHECKPOINT_STATES = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state")
+def _cuda_capability(least: tuple[int, int]) -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= least
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package that is missing
+        return False
 
 
 def sac_replays_fsdp_hooks() -> bool:
@@ -181,10 +186,6 @@ def check_checkpoint(config) -> None:
                           "(a Hugging Face folder holds the model only)")
     if c.initial_load_in_hf_quantized and not c.initial_load_in_hf:
         raise ConfigError("checkpoint.initial_load_in_hf_quantized = true needs checkpoint.initial_load_in_hf = true")
-    unknown = [k for k in c.exclude_from_loading if k not in CHECKPOINT_STATES]
-    if unknown:
-        raise ConfigError(f"checkpoint.exclude_from_loading: {', '.join(map(repr, unknown))} is not in a checkpoint "
-                          f"(its parts: {', '.join(CHECKPOINT_STATES)})")
     if c.initial_load_path and not os.path.isdir(c.initial_load_path):
         raise ConfigError(f"checkpoint.initial_load_path = {c.initial_load_path!r}: no such folder")
 
@@ -347,7 +348,7 @@ def preflight(config, world_size: int | None = None, local_world_size: int | Non
         local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     spec, args = resolve_model(config)
     derive_settings(config, args, world_size, local_world_size)
-    check_training(config)
+    check_training(config, world_size)
     check_checkpoint(config)
     check_parallelism(config, world_size, args)
     check_data(config, args, world_size)

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gamma_titan.config.flags import count
+
 
 def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -142,10 +144,10 @@ def header(title: str, batch: int, seq_len: int, reps: int, steps: int) -> str:
 def add_round_args(parser, reps: int = 21, steps: int = 1,
                    quick_help: str = "small batch, 1 round of 1 step (CI)") -> None:
     """The shape and timing flags every model benchmark takes."""
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--reps", type=int, default=reps, help="rounds per variant")
-    parser.add_argument("--steps", type=int, default=steps, help="timed training steps per round")
+    parser.add_argument("--seq-len", type=count(1), default=256)
+    parser.add_argument("--batch", type=count(1), default=8)
+    parser.add_argument("--reps", type=count(1), default=reps, help="rounds per variant")
+    parser.add_argument("--steps", type=count(1), default=steps, help="timed training steps per round")
     parser.add_argument("--quick", action="store_true", help=quick_help)
 
 

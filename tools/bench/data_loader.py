@@ -19,7 +19,6 @@ reported as median (min..max). The last lines are the ratios the targets are abo
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import logging
 import os
@@ -33,6 +32,7 @@ import torch
 
 import gamma_titan  # noqa: F401  (CPU shims before TorchTitan)
 from gamma_titan.config import load_job_config
+from gamma_titan.config.flags import Parser, count
 from gamma_titan.data.builtin_corpus import TRAIN_FILE, ensure_builtin_corpus
 from gamma_titan.data.loader import build_dataloader
 from gamma_titan.data.pretokenize import pretokenize
@@ -72,14 +72,14 @@ def summary(values: list[float]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--input", help="jsonl with a 'text' field (default: the built-in corpus)")
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--batches", type=int, default=300, help="batches per loader measurement")
-    parser.add_argument("--model-steps", type=int, default=3, help="training steps per model measurement")
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--num-proc", type=int, default=os.cpu_count() or 1, help="pretokenize processes")
+    parser.add_argument("--seq-len", type=count(1), default=256)
+    parser.add_argument("--batch", type=count(1), default=8)
+    parser.add_argument("--batches", type=count(1), default=300, help="batches per loader measurement")
+    parser.add_argument("--model-steps", type=count(1), default=3, help="training steps per model measurement")
+    parser.add_argument("--reps", type=count(1), default=5)
+    parser.add_argument("--num-proc", type=count(1), default=os.cpu_count() or 1, help="pretokenize processes")
     parser.add_argument("--quick", action="store_true", help="a few batches, one repetition (CI)")
     ns = parser.parse_args()
     if ns.quick:

@@ -20,7 +20,6 @@ given), warm, with the cold-start upper bound beside it.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
@@ -28,6 +27,7 @@ import torch
 
 import gamma_titan  # noqa: F401  (CPU shims before TorchTitan)
 from gamma_titan.config import Diagnostics
+from gamma_titan.config.flags import Parser, count
 from gamma_titan.diagnostics import LiveDiagnostics
 from gamma_titan.diagnostics.spectral import StableRanks
 from gamma_titan.models.dense import GammaDense, dense_flavors
@@ -92,13 +92,13 @@ def bench(flavor: str, seq_len: int, batch: int, freq: int, reps: int, steps_bet
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["debug", "0.1B"])
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--freq", type=int, default=100)
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--steps-between", type=int, default=2)
+    parser.add_argument("--seq-len", type=count(1), default=256)
+    parser.add_argument("--batch", type=count(1), default=8)
+    parser.add_argument("--freq", type=count(1), default=100)
+    parser.add_argument("--reps", type=count(1), default=3)
+    parser.add_argument("--steps-between", type=count(1), default=2)
     parser.add_argument("--quick", action="store_true", help="debug model, small batch, one repetition (CI)")
     ns = parser.parse_args()
     if ns.quick:

@@ -27,7 +27,6 @@ shape for a few steps, without compile, float8 emulated: what the CPU tests exer
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -168,13 +167,15 @@ def main(argv: list[str] | None = None) -> dict:
     if argv[:1] == ["--run-variant"]:
         run_variant(argv[1:])
         return {}
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from gamma_titan.config.flags import Parser, count  # the driver imports the package only here
+
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=DEFAULT_VARIANTS)
-    parser.add_argument("--batch", type=int, default=4, help="sequences per step")
-    parser.add_argument("--seq-len", type=int, default=4096)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=10, help="steps left out of the medians")
-    parser.add_argument("--variant-timeout", type=int, default=95,
+    parser.add_argument("--batch", type=count(1), default=4, help="sequences per step")
+    parser.add_argument("--seq-len", type=count(1), default=4096)
+    parser.add_argument("--steps", type=count(1), default=30)
+    parser.add_argument("--warmup", type=count(0), default=10, help="steps left out of the medians")
+    parser.add_argument("--variant-timeout", type=count(1), default=95,
                         help="seconds per variant (5 x 95 s keeps the default run within 8 minutes)")
     parser.add_argument("--out", default="bench_gpu.json")
     parser.add_argument("--dry-run", action="store_true",

@@ -50,11 +50,11 @@ class GammaArgs(BaseModelArgs):
         if gamma.attention_gate is not None:
             self.attention_gate = gamma.attention_gate
         self.init = gamma_init_config(job_config, default_rate=self.init.rate)
+        self.check()  # before max_seq_len is raised to the data's: a bad value is refused, not replaced
         seq_lens = [job_config.training.seq_len]
         if job_config.validation.enable:
             seq_lens.append(job_config.validation.seq_len)
         self.max_seq_len = max(self.max_seq_len, *seq_lens)
-        self.check()
 
     @classmethod
     def model_args_fields(cls) -> tuple[str, ...]:

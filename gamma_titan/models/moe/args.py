@@ -98,11 +98,9 @@ class MoEModelArgs(HeadShape, GammaArgs):
     # --- checks ---------------------------------------------------------------------
 
     def check(self) -> None:
-        positive = ["dim", "n_layers", "n_heads", "vocab_size", "max_seq_len", "moe_hidden_dim",
-                    "n_routed_experts", "top_k", "ffn_hidden_dim"]
-        if self.attention == "mla":
-            positive += ["kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"]
-        check_positive_ints(self, positive)
+        check_positive_ints(self, ("dim", "n_layers", "n_heads", "vocab_size", "max_seq_len", "moe_hidden_dim",
+                                   "n_routed_experts", "top_k", "ffn_hidden_dim", "kv_lora_rank",
+                                   "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
         for key in ("n_dense_layers", "n_shared_experts", "q_lora_rank"):
             value = getattr(self, key)
             if not isinstance(value, int) or value < 0:
@@ -120,6 +118,8 @@ class MoEModelArgs(HeadShape, GammaArgs):
         if self.n_dense_layers >= self.n_layers:
             raise ConfigError(f"model_args.n_dense_layers = {self.n_dense_layers} leaves no MoE layer "
                               f"of model_args.n_layers = {self.n_layers}")
+        if not self.route_scale > 0:
+            raise ConfigError(f"model_args.route_scale = {self.route_scale!r}: must be > 0")
         if not isinstance(self.aux_loss_coeff, (int, float)) or self.aux_loss_coeff < 0:
             raise ConfigError(f"model_args.aux_loss_coeff = {self.aux_loss_coeff!r}: must be >= 0 (0 = off)")
         if self.load_balance_coeff is not None and not self.load_balance_coeff > 0:

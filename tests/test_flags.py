@@ -1,0 +1,91 @@
+"""Our command-line flags: every count and number is checked over its whole range, zero
+included, and refused in one line with exit code 2 (gamma_titan/config/flags.py)."""
+
+import argparse
+import ast
+import math
+from pathlib import Path
+
+import pytest
+
+from gamma_titan.cli import build_parser, main
+from gamma_titan.config.flags import count, number, seed_list
+from helpers import REPO
+
+#: The numeric flags for which 0 is a meant value.
+ZERO_IS_MEANT = {("eval", "--num-fewshot"), ("pretokenize", "--val-fraction"), ("report condensation", "--steps"),
+                 ("recipe run", "--seeds")}
+
+
+def typed_flags(parser: argparse.ArgumentParser, path: str = "") -> dict:
+    """{(subcommand path, flag): action} for every flag with a value type, in every subparser."""
+    found = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found |= typed_flags(sub, f"{path} {name}".strip())
+        elif action.type is not None and action.option_strings:
+            found[(path, action.option_strings[0])] = action
+    return found
+
+
+FLAGS = typed_flags(build_parser())
+
+
+def test_every_numeric_flag_has_a_checked_type():
+    assert {("train", "--nproc"), ("recipe run", "--jobs"), ("recipe run", "--steps"), ("recipe run", "--seeds"),
+            ("inspect", "--gpus"), ("report tokens", "--seq-len")} <= set(FLAGS)
+    for key, action in FLAGS.items():
+        assert action.type not in (int, float), key
+    # and the tools' parsers: no bare int or float type in any of our argparse calls
+    for path in [*REPO.glob("gamma_titan/**/*.py"), *REPO.glob("tools/**/*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+                for kw in node.keywords:
+                    assert not (kw.arg == "type" and isinstance(kw.value, ast.Name) and kw.value.id in ("int", "float")), \
+                        f"{path.relative_to(REPO)}:{node.lineno}"
+
+
+@pytest.mark.parametrize("key", sorted(FLAGS), ids=lambda k: f"{k[0]} {k[1]}")
+def test_zero_negative_and_garbage_are_refused(key):
+    parse = FLAGS[key].type
+    for text in ("-1", "x", "nan", "inf", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse(text)
+    if key in ZERO_IS_MEANT:
+        assert parse("0") in (0, [0])
+    else:
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse("0")
+
+
+def test_the_checked_types_accept_their_range():
+    assert count(1)("3") == 3 and count(0)("0") == 0
+    with pytest.raises(argparse.ArgumentTypeError, match="'2.5': must be an integer >= 1"):
+        count(1)("2.5")
+    assert number(0)("1e-3") == 1e-3 and number(0, 1, low_open=False, high_open=True)("0") == 0
+    for bad in ("1", "-0.5", "nan"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            number(0, 1, low_open=False, high_open=True)(bad)
+    assert seed_list("0") == [0] and seed_list("3,0,7") == [3, 0, 7]
+    for bad in ("", "1,1", "0,-1", "0,x", "0,,1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            seed_list(bad)
+    assert math.isinf(float("inf"))  # number() refuses it although float() parses it
+    with pytest.raises(argparse.ArgumentTypeError):
+        number(0)("inf")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["train", "configs/dense/debug.toml", "--nproc", "0"], "error: argument --nproc: 0: must be an integer >= 1"),
+    (["inspect", "configs/dense/debug.toml", "--gpu-memory", "0"],
+     "error: argument --gpu-memory: 0: must be a number > 0"),
+    (["tokenizer", "train", "--vocab-size", "10"], "error: argument --vocab-size: 10: must be an integer >= 259"),
+    (["report", "tokens", "a", "b", "--seq-len", "0"], "error: argument --seq-len: 0: must be an integer >= 1"),
+])
+def test_a_bad_count_ends_the_command_in_one_line(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == message + "\n"
