@@ -2,17 +2,19 @@
 attention ("Small Initialization Matters for Large Language Models").
 
 Importing the package prepares TorchTitan for the machine (CPU fallback, see
-`gamma_titan.cpu_fallback`), registers the model families' TrainSpecs (`gamma_titan.models`)
-and the built-in datasets. It must be imported before `torchtitan` on a machine without a GPU.
+`gamma_titan.cpu_fallback`), and registers the model families' TrainSpecs with TorchTitan
+(`gamma_titan.training.train_spec`) and the built-in datasets. It must be imported before
+`torchtitan` on a machine without a GPU.
 """
 
 from gamma_titan import cpu_fallback
 
 cpu_fallback.apply()
 
-import gamma_titan.models  # noqa: E402,F401  (each family registers its TrainSpec)
 from gamma_titan.data.registry import register_datasets  # noqa: E402
+from gamma_titan.training.train_spec import register_families  # noqa: E402
 
+register_families()
 register_datasets()
 
 __version__ = "0.1.0"

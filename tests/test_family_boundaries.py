@@ -21,8 +21,9 @@ EXEMPT = (PACKAGE / "models", PACKAGE / "convert" / "hf_package")
 
 #: Field names that are also everyday names outside any family: gamma_moe's `attention`
 #: (MHA or MLA) is also the attention module's name (`layers.0.attention.wo`) and a γ group;
-#: llama3's `eos_id` is also every tokenizer's.
-COMMON_WORDS = {"attention", "eos_id"}
+#: llama3's `eos_id` is also every tokenizer's; TorchTitan's MoE families' copy of
+#: `expert_parallel_comm_backend` is also the [parallelism] key it is copied from.
+COMMON_WORDS = {"attention", "eos_id", "expert_parallel_comm_backend"}
 
 
 def family_specific_names() -> set[str]:

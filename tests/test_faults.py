@@ -24,7 +24,7 @@ CHECKPOINTS = ("--checkpoint.enable", "true", "--checkpoint.interval", "2", "--c
 
 
 def complete_steps(dump):
-    from gamma_titan.training.reliability import checkpoint_steps
+    from gamma_titan.training.checkpoint_folders import checkpoint_steps
 
     return checkpoint_steps(dump / "checkpoint")
 

@@ -11,16 +11,9 @@ import pytest
 import torch
 
 from gamma_titan.config import Reliability
-from gamma_titan.training.reliability import (
-    GracefulStop,
-    LossSpikes,
-    NonFiniteError,
-    StepGuard,
-    checkpoint_steps,
-    parameters_finite,
-    purge_keeping_complete,
-    step_verdict,
-)
+from gamma_titan.training.checkpoint_folders import checkpoint_steps, purge_keeping_complete
+from gamma_titan.training.graceful_stop import GracefulStop
+from gamma_titan.training.step_guard import LossSpikes, NonFiniteError, StepGuard, parameters_finite, step_verdict
 
 
 def make_checkpoints(root, complete, incomplete):
@@ -166,7 +159,7 @@ def test_grace_period_watchdog_exits_143(tmp_path):
     import sys
 
     script = ("import os, signal, time\n"
-              "from gamma_titan.training.reliability import GracefulStop\n"
+              "from gamma_titan.training.graceful_stop import GracefulStop\n"
               "stop = GracefulStop(grace_seconds=0.5)\n"
               "stop.install()\n"
               "os.kill(os.getpid(), signal.SIGTERM)\n"

@@ -10,9 +10,8 @@ from gamma_titan.data.names import ON_EXHAUSTED
 from gamma_titan.errors import ConfigError
 from gamma_titan.init import GROUPS
 from gamma_titan.models.common import ATTENTION_GATES
-from gamma_titan.training.reliability import ON_NONFINITE
 
-from .schema import Data, Diagnostics, Gamma, ModelArgsOverrides, Reliability
+from .schema import ON_NONFINITE, Data, Diagnostics, Gamma, ModelArgsOverrides, Reliability
 
 MAX_INIT_RATE = 4.0
 

@@ -19,7 +19,6 @@ from dataclasses import fields, is_dataclass
 from gamma_titan.errors import ConfigError
 
 from .checks import check_gamma, check_model_args_types
-from .schema import Data, Diagnostics, Gamma, InitRateOverrides, Reliability
 from .titan_keys import check_titan_keys
 
 CONFIG_MODULE = "gamma_titan.config"
@@ -185,15 +184,8 @@ def load_job_config(argv: list[str]):
         raise ConfigError(f"job.custom_config_module = {module!r}: not a module with a JobConfig") from None
     merged = _config_manager()._merge_configs(TitanJobConfig, extension)
     _check_keys(merged, toml, "")
-    if "gamma" in toml:  # check values before tyro sees (and warns about) them
-        raw = dict(toml["gamma"])
-        overrides = InitRateOverrides(**raw.pop("init_rate_overrides", {}))
-        diagnostics = Diagnostics(**raw.pop("diagnostics", {}))
-        data = Data(**raw.pop("data", {}))
-        reliability = Reliability(**raw.pop("reliability", {}))
-        check_gamma(Gamma(**raw, init_rate_overrides=overrides, diagnostics=diagnostics, data=data,
-                          reliability=reliability))
-    config = _parse_quietly(_normalise_cli(merged, argv))
+    config = _parse_quietly(_normalise_cli(merged, argv))  # TorchTitan takes TOML values as they are
+
     check_gamma(config.gamma)
     check_model_args_types(config.model_args)
     check_titan_keys(config)

@@ -4,7 +4,7 @@ key of [optimizer] (weight_decay_policy).
 
 Each field's docstring is its documentation; the choices of a `Literal` come from the
 tuple its owner defines (the gate from models/common/attention.py, the data's end from
-data/names.py, the guard's action from reliability.py).
+data/names.py; the guard's action is defined here).
 """
 
 import typing
@@ -15,7 +15,6 @@ from gamma_titan.data.names import ON_EXHAUSTED
 from gamma_titan.init import GROUPS
 from gamma_titan.models import TRAIN_SPECS
 from gamma_titan.models.common import ATTENTION_GATES
-from gamma_titan.training.reliability import ON_NONFINITE
 
 
 #: [gamma.init_rate_overrides]: γ for one parameter group (gamma_titan/init.py), for
@@ -53,9 +52,14 @@ class Data:
     """At the end of the data: start a new epoch (logged), or stop training cleanly."""
 
 
+#: What a non-finite step does (gamma.reliability.on_nonfinite): skip its update, or stop
+#: (gamma_titan/training/step_guard.py).
+ON_NONFINITE = ("skip", "stop")
+
+
 @dataclass
 class Reliability:
-    """What a long run does about bad steps and preemption (see gamma_titan/training/reliability.py)."""
+    """What a long run does about bad steps and preemption (gamma_titan/training/step_guard.py, graceful_stop.py, checkpoint_folders.py)."""
 
     on_nonfinite: Literal[ON_NONFINITE] = "skip"
     """A NaN/Inf loss or gradient norm: skip the step (no update, logged) or stop the run, naming the step."""

@@ -23,10 +23,10 @@ from gamma_titan.convert.dcp_io import is_checkpoint, load_model_state, save_mod
 from gamma_titan.convert.hf_folder import TOKENIZER_FILES, family_adapter, family_of_config, write_hf_files
 from gamma_titan.convert.model_record import model_record, read_model_record, write_model_record
 from gamma_titan.errors import ConfigError
+from gamma_titan.files import HF_INDEX_FILE, TOKENIZER_FILE
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SHARD_BYTES = 5 * 2**30  # per safetensors file, as transformers' save_pretrained does
-INDEX_FILE = "model.safetensors.index.json"
 
 
 def _check_out(out: Path, overwrite: bool, key: str) -> None:
@@ -56,7 +56,7 @@ def _write_safetensors(state: dict[str, torch.Tensor], out: Path, progress: bool
         save_file(shard, str(out / file), metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(shard, file))
     total = sum(t.numel() * t.element_size() for t in state.values())
-    (out / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
+    (out / HF_INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
                                              indent=1) + "\n")
 
 
@@ -75,7 +75,7 @@ def to_hf(checkpoint: str | Path, out: str | Path, *, dtype: str = "fp32", overw
         print(f"{name} -> GammaForCausalLM (load with trust_remote_code=True): {adapter.package_reason}",
               file=sys.stderr)
     tokenizer_dir = Path(tokenizer or record.get("tokenizer") or "")
-    if not (tokenizer_dir / "tokenizer.json").is_file():
+    if not (tokenizer_dir / TOKENIZER_FILE).is_file():
         raise ConfigError(f"--tokenizer: {tokenizer_dir} has no tokenizer.json (model.json names the run's "
                           "tokenizer; pass --tokenizer DIR if it moved)")
     _check_out(out, overwrite, "OUT_DIR")
@@ -105,8 +105,8 @@ def _expected_shapes(name: str, args) -> dict[str, tuple[int, ...]]:
 def _read_hf_state(folder: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    if (folder / INDEX_FILE).is_file():
-        files = sorted(set(json.loads((folder / INDEX_FILE).read_text())["weight_map"].values()))
+    if (folder / HF_INDEX_FILE).is_file():
+        files = sorted(set(json.loads((folder / HF_INDEX_FILE).read_text())["weight_map"].values()))
     else:
         files = [p.name for p in sorted(folder.glob("*.safetensors"))]
     if not files:
@@ -134,7 +134,7 @@ def from_hf(hf_dir: str | Path, checkpoint: str | Path, *, overwrite: bool = Fal
         shutil.rmtree(checkpoint)
     checkpoint.mkdir(parents=True)
     tokenizer_dir = None
-    if (hf_dir / "tokenizer.json").is_file():
+    if (hf_dir / TOKENIZER_FILE).is_file():
         tokenizer_dir = checkpoint / "tokenizer"
         tokenizer_dir.mkdir()
         for file in TOKENIZER_FILES:

@@ -19,11 +19,12 @@ from typing import Any
 import torch
 
 from gamma_titan.errors import ConfigError
+from gamma_titan.files import TOKENIZER_FILE
 
 MODEL_NAME_KEY = "gamma_titan_model"  # config.json: the TrainSpec name
 PACKAGE = Path(__file__).parent / "hf_package"
 CODE_FILES = ("configuration_gamma.py", "modeling_gamma.py")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json")
 
 
 def _converting_families() -> dict[str, Any]:

@@ -18,8 +18,8 @@ from typing import Any
 
 from gamma_titan.data.cache import write_json_atomic
 from gamma_titan.errors import ConfigError
+from gamma_titan.files import MODEL_FILE
 
-MODEL_FILE = "model.json"
 FORMAT = "gamma-titan-model"
 
 

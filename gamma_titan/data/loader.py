@@ -5,17 +5,13 @@ Shard datasets ("builtin", "builtin_validation", "memmap"; shard_sources.py) are
 checkpointed, no tokenization in the training process. Every other name ("hf", TorchTitan's own) goes
 through TorchTitan's streaming text loader with the sources registered in registry.py.
 
-TorchTitan's Validator builds its dataloader itself, by calling the module-level
-`build_text_validation_dataloader` of torchtitan.components.validate; `build_validator`
-points that one name at ours while the Validator is constructed.
+`build_validation_dataloader` is the validator's (gamma_titan/training/validator.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import asdict
 
-from torchtitan.components import validate as titan_validate
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.hf_datasets.text_datasets import build_text_dataloader, build_text_validation_dataloader
 
@@ -62,22 +58,6 @@ def build_validation_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job
                               on_exhausted="wrap" if infinite else "stop", restart=True,
                               name=f"validation.dataset '{v.dataset}'", key="validation.dataset")
     return shard_dataloader(dataset, dp_rank, dp_world_size, v.dataloader)
-
-
-@contextlib.contextmanager
-def _our_validation_dataloader():
-    original = titan_validate.build_text_validation_dataloader
-    titan_validate.build_text_validation_dataloader = build_validation_dataloader
-    try:
-        yield
-    finally:
-        titan_validate.build_text_validation_dataloader = original
-
-
-def build_validator(*args, **kwargs):
-    """TorchTitan's `build_validator`, reading shard datasets with our loader."""
-    with _our_validation_dataloader():
-        return titan_validate.build_validator(*args, **kwargs)
 
 
 def probe_tokens(job_config, n: int, tokenizer):

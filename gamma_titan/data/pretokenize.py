@@ -30,6 +30,7 @@ from gamma_titan.data.cache import write_json_atomic
 from gamma_titan.data.shards import FORMAT, FORMAT_VERSION, META_FILE, SPLITS, TokenizerInfo, token_dtype, tokenizer_info
 from gamma_titan.data.text_sources import TEXT_FIELD, load_source, parse_source
 from gamma_titan.errors import ConfigError
+from gamma_titan.files import TOKENIZER_FILE
 
 PROGRESS_DIR = ".progress"
 PLAN_FILE = "plan.json"
@@ -249,7 +250,7 @@ def pretokenize(
 
 def _run_units(units, tag: str, heldout: bool, tokenizer_dir, info, out: Path, val_fraction: float,
                num_proc: int) -> Iterator[dict[str, Any]]:
-    init_args = (str(Path(tokenizer_dir) / "tokenizer.json"), info, str(out), val_fraction)
+    init_args = (str(Path(tokenizer_dir) / TOKENIZER_FILE), info, str(out), val_fraction)
     if num_proc == 1:
         _init_worker(*init_args)
         for unit, texts in units:

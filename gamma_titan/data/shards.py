@@ -33,6 +33,7 @@ import numpy as np
 
 from gamma_titan.data.tokenizer import HF_ASSETS_KEY, tokenizer_vocab_size
 from gamma_titan.errors import ConfigError
+from gamma_titan.files import TOKENIZER_FILE
 
 META_FILE = "meta.json"
 FORMAT = "gamma-titan-shards"
@@ -58,7 +59,7 @@ class TokenizerInfo:
 def tokenizer_info(folder: str | Path) -> TokenizerInfo:
     """Identity of the tokenizer in `folder` (tokenizer.json + tokenizer_config.json)."""
     folder = Path(folder).resolve()
-    spec = folder / "tokenizer.json"
+    spec = folder / TOKENIZER_FILE
     if not spec.is_file():
         raise ConfigError(f"tokenizer: {folder} has no tokenizer.json")
     stamps = tuple((f.stat().st_mtime_ns, f.stat().st_size) if f.is_file() else None
@@ -72,7 +73,7 @@ def _tokenizer_info(folder: Path, stamps: tuple) -> TokenizerInfo:
     every run, and hashing it is most of a config check."""
     from tokenizers import Tokenizer
 
-    spec = folder / "tokenizer.json"
+    spec = folder / TOKENIZER_FILE
     canonical = json.dumps(json.loads(spec.read_text(encoding="utf-8")), sort_keys=True)
     tokenizer = Tokenizer.from_file(str(spec))
     config_file = folder / "tokenizer_config.json"

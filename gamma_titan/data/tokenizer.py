@@ -31,6 +31,7 @@ from gamma_titan.data.builtin_corpus import (
 from gamma_titan.data.cache import build_once, cache_dir
 from gamma_titan.data.text_sources import TEXT_FIELD, load_source, parse_source
 from gamma_titan.errors import ConfigError
+from gamma_titan.files import TOKENIZER_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ def train_bpe_tokenizer(
     for expected_id, token in enumerate(SPECIAL_TOKENS):
         assert tokenizer.token_to_id(token) == expected_id, token
 
-    tokenizer.save(str(out_dir / "tokenizer.json"))
+    tokenizer.save(str(out_dir / TOKENIZER_FILE))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": BOS_TOKEN,
@@ -166,7 +167,7 @@ def train_tokenizer_from(source: str, vocab_size: int, out_dir: str | Path, *, f
 
 def is_tokenizer_dir(path: Path) -> bool:
     """True if `path` holds files TorchTitan's HuggingFaceTokenizer can load as BPE."""
-    return (path / "tokenizer.json").is_file() or (
+    return (path / TOKENIZER_FILE).is_file() or (
         (path / "vocab.json").is_file() and (path / "merges.txt").is_file()
     )
 
@@ -212,8 +213,8 @@ def tokenizer_vocab_size(path: str | Path) -> int:
     (largest id + 1) so that a vocabulary with gaps still fits in the embedding.
     """
     path = Path(path)
-    if (path / "tokenizer.json").is_file():
-        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    if (path / TOKENIZER_FILE).is_file():
+        tokenizer = Tokenizer.from_file(str(path / TOKENIZER_FILE))
     elif (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
         tokenizer = Tokenizer(
             models.BPE.from_file(str(path / "vocab.json"), str(path / "merges.txt"))

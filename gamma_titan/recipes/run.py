@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gamma_titan.errors import ConfigError
-from gamma_titan.recipes.out_folder import PLAN_FILE, STATUS_FILE
+from gamma_titan.files import RECIPE_PLAN_FILE, RECIPE_STATUS_FILE
 from gamma_titan.recipes.plan import PlannedRun, format_plan, plan
 from gamma_titan.recipes.spec import load_recipe
 
@@ -62,18 +62,18 @@ def check_out(out: Path, record: dict[str, Any]) -> None:
     """OUT must be new, empty, or hold this same plan (a rerun)."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a folder")
-    existing = out / PLAN_FILE
+    existing = out / RECIPE_PLAN_FILE
     if existing.is_file():
         try:
             old = json.loads(existing.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ConfigError(f"--out {out}: {PLAN_FILE} is unreadable; choose another --out") from None
+            raise ConfigError(f"--out {out}: {RECIPE_PLAN_FILE} is unreadable; choose another --out") from None
         if not _same_runs(old, json.loads(json.dumps(record))):
             what = f"recipe {old.get('recipe')} at scale {old.get('scale')}" if isinstance(old, dict) else "another plan"
             raise ConfigError(f"--out {out}: holds {what} with other runs (the recipe or its overrides "
                               "changed); choose another --out")
     elif out.is_dir() and any(out.iterdir()):
-        raise ConfigError(f"--out {out}: not empty and holds no {PLAN_FILE}; choose another --out")
+        raise ConfigError(f"--out {out}: not empty and holds no {RECIPE_PLAN_FILE}; choose another --out")
 
 
 @dataclass
@@ -124,7 +124,7 @@ def execute(planned: Planned, launcher: str = "local", dry_run: bool = False, jo
 
         sbatch = None if dry_run else slurm.check_sbatch()
         out_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(out_dir / PLAN_FILE, record)
+        write_json_atomic(out_dir / RECIPE_PLAN_FILE, record)
         todo = [r for r in runs if not is_finished(out_dir / r.name, r.steps)]
         scripts = slurm.write_scripts(todo, recipe.scale(scale), out_dir, recipe.name)
         for path in scripts.values():
@@ -143,10 +143,10 @@ def execute(planned: Planned, launcher: str = "local", dry_run: bool = False, jo
     from gamma_titan.reports.recipe import write_report
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out_dir / PLAN_FILE, record)
+    write_json_atomic(out_dir / RECIPE_PLAN_FILE, record)
     status = run_local(runs, out_dir, jobs)
-    previous = json.loads((out_dir / STATUS_FILE).read_text()) if (out_dir / STATUS_FILE).is_file() else {}
-    write_json_atomic(out_dir / STATUS_FILE, {**previous, **{n: s for n, s in status.items() if s["status"] != "skipped"}})
+    previous = json.loads((out_dir / RECIPE_STATUS_FILE).read_text()) if (out_dir / RECIPE_STATUS_FILE).is_file() else {}
+    write_json_atomic(out_dir / RECIPE_STATUS_FILE, {**previous, **{n: s for n, s in status.items() if s["status"] != "skipped"}})
     report = write_report(out_dir)
     text = report.read_text(encoding="utf-8")
     for section in ("## Tables", "## Claims"):  # the recipe's answer, here as well as in the file

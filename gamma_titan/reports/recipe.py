@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gamma_titan.errors import ConfigError
-from gamma_titan.recipes.out_folder import PLAN_FILE, STATUS_FILE
+from gamma_titan.files import RECIPE_PLAN_FILE, RECIPE_STATUS_FILE
 from gamma_titan.reports.claims import CellStats, claims_table, difference, evaluate
 from gamma_titan.reports.run_metrics import final_values, read_metrics, series, sink_by_layer
 from gamma_titan.reports.scaling import effective_size_gain, fit_power_law
@@ -62,11 +62,11 @@ def _si(n: float) -> str:
 
 
 def load_runs(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    plan_path = root / PLAN_FILE
+    plan_path = root / RECIPE_PLAN_FILE
     if not plan_path.is_file():
-        raise ConfigError(f"RUN_ROOT {root}: no {PLAN_FILE}; point at the --out folder of `gamma-titan recipe run`")
+        raise ConfigError(f"RUN_ROOT {root}: no {RECIPE_PLAN_FILE}; point at the --out folder of `gamma-titan recipe run`")
     plan = json.loads(plan_path.read_text(encoding="utf-8"))
-    status = json.loads((root / STATUS_FILE).read_text()) if (root / STATUS_FILE).is_file() else {}
+    status = json.loads((root / RECIPE_STATUS_FILE).read_text()) if (root / RECIPE_STATUS_FILE).is_file() else {}
     runs = []
     for run in plan["runs"]:
         records = read_metrics(root / run["name"])

@@ -13,7 +13,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from gamma_titan.training.metrics import METRICS_FILE
+from gamma_titan.files import METRICS_FILE
 
 _SINK = re.compile(r"gamma/sink_score/layer_(\d+)")
 _EPS_DOMINATED = re.compile(r"gamma/eps_dominated_fraction/(layer_\d+|final_norm)")

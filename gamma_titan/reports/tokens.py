@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from gamma_titan.errors import ConfigError
+from gamma_titan.files import TOKENIZER_FILE
 
 HIST_BINS = 40
 DIFFICULTY_BINS = 10
@@ -215,7 +216,7 @@ def write_token_report(small: str | Path, std: str | Path, out: str | Path, *, d
         raise ConfigError(f"CKPT_STD: trained with tokenizer {rec_std.get('tokenizer')}, CKPT_SMALL with "
                           f"{rec_small.get('tokenizer')}; token-level comparison needs the same tokenizer")
     tokenizer_dir = Path(rec_small["tokenizer"])
-    if not (tokenizer_dir / "tokenizer.json").is_file():
+    if not (tokenizer_dir / TOKENIZER_FILE).is_file():
         raise ConfigError(f"CKPT_SMALL: its tokenizer {tokenizer_dir} (model.json) is gone")
     if seq_len is None:  # the small model's training context, else its rotary length
         seq_len = training_seq_len(Path(small)) or rec_small["args"]["max_seq_len"]
@@ -233,7 +234,7 @@ def write_token_report(small: str | Path, std: str | Path, out: str | Path, *, d
     (out / "tokens.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     written = [out / "tokens.json", *_plots(result, out)]
 
-    tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    tokenizer = Tokenizer.from_file(str(tokenizer_dir / TOKENIZER_FILE))
     if text:
         ids = np.asarray(tokenizer.encode(text).ids, dtype=np.int64)
         title = "per-token gain on the given text"

@@ -1,5 +1,5 @@
 """TorchTitan's CheckpointManager with the rules a multi-week run needs
-(gamma_titan/training/reliability.py has the checkpoint-folder rules themselves):
+(checkpoint_folders.py has the checkpoint-folder rules themselves):
 
   * a checkpoint is never written from parameters that are not finite;
   * when the run stops on SIGTERM (`stopping`), the current step is saved whatever the
@@ -22,13 +22,9 @@ from torch.distributed.checkpoint import FileSystemReader
 from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.tools.logging import logger
 
-from gamma_titan.training.reliability import (
-    NonFiniteError,
-    checkpoint_steps,
-    parameters_finite,
-    purge_keeping_complete,
-    report_incomplete_checkpoints,
-)
+from gamma_titan.files import step_folder
+from gamma_titan.training.checkpoint_folders import checkpoint_steps, purge_keeping_complete, report_incomplete_checkpoints
+from gamma_titan.training.step_guard import NonFiniteError, parameters_finite
 
 DIAGNOSTICS_STATE = "diagnostics"  # key of LiveDiagnostics in the checkpoint
 
@@ -56,7 +52,7 @@ class GammaCheckpointManager(CheckpointManager):
         if step > 0 and self._holds(step, DIAGNOSTICS_STATE):
             self.states[DIAGNOSTICS_STATE] = diagnostics
         elif step > 0:
-            logger.info(f"step-{step} holds no diagnostics state: the diagnostics start cold")
+            logger.info(f"{step_folder(step)} holds no diagnostics state: the diagnostics start cold")
 
     def _resume_step(self, load_step: int) -> int:
         if not self.enable or not os.path.isdir(self.folder):
@@ -68,7 +64,7 @@ class GammaCheckpointManager(CheckpointManager):
 
     def _holds(self, step: int, key: str) -> bool:
         try:
-            keys = FileSystemReader(os.path.join(self.folder, f"step-{step}")).read_metadata().state_dict_metadata
+            keys = FileSystemReader(os.path.join(self.folder, step_folder(step))).read_metadata().state_dict_metadata
         except FileNotFoundError:
             return False
         return any(k.startswith(f"{key}.") for k in keys)

@@ -3,7 +3,7 @@ and how long a stop may take.
 
 A preempted or timed-out job gets SIGTERM; torchrun forwards it to its workers, which
 finish the step in progress, checkpoint it and exit (`gamma.reliability.
-stop_grace_seconds`, gamma_titan/training/reliability.py). torchrun SIGKILLs the workers
+stop_grace_seconds`, gamma_titan/training/graceful_stop.py). torchrun SIGKILLs the workers
 `--shutdown-timeout` seconds after forwarding (30 by default), and a 7B or 16B save takes
 minutes: every launch we generate gives torchrun the grace period plus a margin, and a
 cluster job's grace period is sized from its checkpoint (state size / write bandwidth).

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
         world = world_size_from_env()
         for warning in launch_warnings(config, args, world, int(os.environ.get("LOCAL_WORLD_SIZE", world))):
             logger.warning(warning.removeprefix("warning: "))  # a grace period that cannot cover the save
-    from gamma_titan.training.reliability import NonFiniteError
+    from gamma_titan.training.step_guard import NonFiniteError
 
     try:
         run(config)

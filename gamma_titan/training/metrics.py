@@ -26,8 +26,8 @@ from torchtitan.components.metrics import (
 from torchtitan.tools.logging import logger
 
 from gamma_titan.diagnostics.live import cosine_image, diagnostics_due
+from gamma_titan.files import METRICS_FILE
 
-METRICS_FILE = "metrics.jsonl"
 
 # TorchTitan's key -> our short name.
 _SHORT_NAMES = {

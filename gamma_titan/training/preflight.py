@@ -306,8 +306,9 @@ def check_resume(config, args) -> None:
 
     from torch.distributed.checkpoint import FileSystemReader
 
-    from gamma_titan.convert.model_record import MODEL_FILE, args_from_record, model_record
-    from gamma_titan.training.reliability import checkpoint_steps
+    from gamma_titan.convert.model_record import args_from_record, model_record
+    from gamma_titan.files import MODEL_FILE, step_folder
+    from gamma_titan.training.checkpoint_folders import checkpoint_steps
 
     ckpt = config.checkpoint
     folder = Path(config.job.dump_folder) / ckpt.folder
@@ -328,12 +329,12 @@ def check_resume(config, args) -> None:
                 differ.insert(0, f"model.name = {saved_name!r} there, {config.model.name!r} here")
             raise ConfigError(f"checkpoint.folder: {folder} holds checkpoints of another model shape "
                               f"({'; '.join(differ)}); use another job.dump_folder, or the model they were saved with")
-    keys = FileSystemReader(str(folder / f"step-{step}")).read_metadata().state_dict_metadata
+    keys = FileSystemReader(str(folder / step_folder(step))).read_metadata().state_dict_metadata
     if not any(key.startswith("train_state") for key in keys):
         raise ConfigError(
-            f"checkpoint.folder: step-{step} in {folder} holds the model only (checkpoint.last_save_model_only = "
+            f"checkpoint.folder: {step_folder(step)} in {folder} holds the model only (checkpoint.last_save_model_only = "
             f"true), which cannot resume a run; start a new job.dump_folder with --checkpoint.initial_load_path "
-            f"{folder / f'step-{step}'} for its weights, or resume from a full checkpoint (--checkpoint.load_step)")
+            f"{folder / step_folder(step)} for its weights, or resume from a full checkpoint (--checkpoint.load_step)")
 
 
 def preflight(config, world_size: int | None = None, local_world_size: int | None = None):

@@ -32,7 +32,8 @@ from gamma_titan.models.common.parallelize import FLOAT8_LINEAR
 from gamma_titan.training.checkpoint import GammaCheckpointManager
 from gamma_titan.diagnostics import LiveDiagnostics, build_probe_batch, diagnostics_due
 from gamma_titan.models.common.moe import set_micro_batch_share
-from gamma_titan.training.reliability import GracefulStop, StepGuard, step_verdict
+from gamma_titan.training.graceful_stop import GracefulStop
+from gamma_titan.training.step_guard import StepGuard, step_verdict
 
 
 def float8_layers(model_parts) -> str:
@@ -148,7 +149,7 @@ class GammaTrainer(Trainer):
 
     def _verdict(self, loss: torch.Tensor, grad_norm: torch.Tensor):
         """What every rank must agree on, in one collective and one host sync
-        (reliability.step_verdict); a SIGTERM on any rank stops every rank after this step."""
+        (step_guard.step_verdict); a SIGTERM on any rank stops every rank after this step."""
         tp = self.parallel_dims.get_optional_mesh("tp")
         # One rank per loss: the first of its TP peers, on the last pipeline stage (the
         # other stages hold TorchTitan's placeholder -1).

@@ -372,7 +372,7 @@ def test_a_run_that_runs_out_of_data_stops_cleanly_with_its_last_step_saved(work
     interval's."""
     from helpers import QUIET, read_metrics, run_trainer
 
-    from gamma_titan.training.reliability import checkpoint_steps
+    from gamma_titan.training.checkpoint_folders import checkpoint_steps
 
     root, texts = work
     shards = tmp_path / "shards"

@@ -29,7 +29,7 @@ from common import (Variant, add_round_args, apply_quick, describe, device, head
 
 from gamma_titan.config import Reliability  # noqa: E402
 from gamma_titan.models.dense import GammaDense, dense_flavors  # noqa: E402
-from gamma_titan.training.reliability import StepGuard, step_verdict  # noqa: E402
+from gamma_titan.training.step_guard import StepGuard, step_verdict  # noqa: E402
 
 
 @dataclasses.dataclass

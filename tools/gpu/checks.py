@@ -320,8 +320,9 @@ def sigterm_drill(setup: Setup, deadline: float) -> Verdict:
     RESUME_STEP steps, eager): it must save the step in progress and exit. A second run
     starts from the first one's step-RESUME_STEP checkpoint (hard-linked into its own
     folder: nothing of the first run is touched) and trains one step: the same loss."""
+    from gamma_titan.files import step_folder
+    from gamma_titan.training.checkpoint_folders import checkpoint_steps
     from gamma_titan.training.launch import save_seconds
-    from gamma_titan.training.reliability import checkpoint_steps
 
     config, *flags = setup.drill
     base = [*CLI, "train", config, *flags, *setup.common(steps=1000), "--compile.enable", "false",
@@ -344,7 +345,7 @@ def sigterm_drill(setup: Setup, deadline: float) -> Verdict:
     params = re.search(r"model \w+: ([\d,]+) parameters", first.log)
     estimate = save_seconds(int(params.group(1).replace(",", "")), nodes=1) if params else None
     resumed_dump = setup.logs / "runs" / "sigterm_drill_resumed"
-    source = first_dump / "checkpoint" / f"step-{RESUME_STEP}"
+    source = first_dump / "checkpoint" / step_folder(RESUME_STEP)
     resumed = Run(code=None)
     if source.is_dir():
         link_tree(source, resumed_dump / "checkpoint" / source.name)

@@ -8,6 +8,7 @@ it asks these methods, which a family overrides where it differs.
 from __future__ import annotations
 
 from dataclasses import fields
+from typing import ClassVar
 
 from torch import nn
 from torchtitan.protocols.model import BaseModelArgs
@@ -27,13 +28,29 @@ def gamma_init_config(job_config, default_rate: float) -> GammaInit:
                      seed=job_config.debug.seed)
 
 
+def apply_gamma(args, job_config) -> None:
+    """Write [gamma]'s three knobs into a model's args: the one place they are applied, for
+    our families and TorchTitan's alike. A knob left unset keeps the args' own choice (the
+    flavor's); the args say which fields hold ε (`EPS_FIELDS`) and what init an unset
+    γ means (`gamma_init`). The values were checked when the config was parsed."""
+    gamma = job_config.gamma
+    if gamma.norm_eps is not None:
+        for name in args.EPS_FIELDS:
+            setattr(args, name, float(gamma.norm_eps))
+    if gamma.attention_gate is not None:
+        args.attention_gate = gamma.attention_gate
+    args.init = args.gamma_init(job_config)
+
+
 class GammaArgs(BaseModelArgs):
+    #: The fields gamma.norm_eps sets: every ε of the model.
+    EPS_FIELDS: ClassVar[tuple[str, ...]] = ("norm_eps",)
+
     # --- the job config --------------------------------------------------------------
 
     def update_from_config(self, job_config, **kwargs) -> None:
         """Write [model_args] and [gamma] into this flavor, then check the shape. Called by
-        TorchTitan's Trainer, and by the pre-flight checks, so both see the same model.
-        ([gamma]'s values were checked when the config was parsed.)"""
+        TorchTitan's Trainer, and by the pre-flight checks, so both see the same model."""
         from gamma_titan.errors import ConfigError
 
         allowed = {f.name for f in fields(self)} - set(KNOBS)
@@ -44,17 +61,16 @@ class GammaArgs(BaseModelArgs):
             if f.name not in allowed:
                 raise ConfigError(f"model_args.{f.name} does not apply to model {job_config.model.name}")
             setattr(self, f.name, value)
-        gamma = job_config.gamma  # an unset knob keeps the flavor's (the paper's) value
-        if gamma.norm_eps is not None:
-            self.norm_eps = float(gamma.norm_eps)
-        if gamma.attention_gate is not None:
-            self.attention_gate = gamma.attention_gate
-        self.init = gamma_init_config(job_config, default_rate=self.init.rate)
+        apply_gamma(self, job_config)
         self.check()  # before max_seq_len is raised to the data's: a bad value is refused, not replaced
         seq_lens = [job_config.training.seq_len]
         if job_config.validation.enable:
             seq_lens.append(job_config.validation.seq_len)
         self.max_seq_len = max(self.max_seq_len, *seq_lens)
+
+    def gamma_init(self, job_config) -> GammaInit | None:
+        """The init [gamma] asks for: γ-init at gamma.init_rate, else at the flavor's γ."""
+        return gamma_init_config(job_config, default_rate=self.init.rate)
 
     @classmethod
     def model_args_fields(cls) -> tuple[str, ...]:

@@ -21,8 +21,7 @@ import torch
 from torchtitan.protocols.state_dict_adapter import StateDictAdapter
 
 from gamma_titan.errors import ConfigError
-
-INDEX_FILE = "model.safetensors.index.json"
+from gamma_titan.files import HF_INDEX_FILE
 
 GAMMA_MODEL_TYPE = "gamma_titan"
 GAMMA_ARCHITECTURE = {
@@ -52,7 +51,7 @@ class HFStateDictAdapter(StateDictAdapter):
         # The base class reads the safetensors index under hf_assets_path (how to shard an HF
         # save). Ours is usually a tokenizer folder without one ("builtin" by default), where
         # the base would warn at every start: give it the path only when an index is there.
-        has_index = bool(hf_assets_path) and os.path.isfile(os.path.join(hf_assets_path, INDEX_FILE))
+        has_index = bool(hf_assets_path) and os.path.isfile(os.path.join(hf_assets_path, HF_INDEX_FILE))
         super().__init__(model_args, hf_assets_path if has_index else None)
         self.hf_assets_path = hf_assets_path  # where initial_load_in_hf reads without initial_load_path
         self.model_args = model_args

@@ -1,9 +1,7 @@
 """Shape rules every model family shares: the derived head sizes, and checks that each
-raise a one-line ConfigError naming the [model_args] (or [gamma]) key."""
+raise a one-line ConfigError naming the [model_args] key."""
 
 from gamma_titan.errors import ConfigError
-
-from .attention import ATTENTION_GATES
 
 
 class HeadShape:
@@ -43,14 +41,10 @@ def check_heads(args) -> None:
         )
 
 
-def check_knobs_and_rope(args) -> None:
-    """The paper's knobs as the model holds them, and the rotary base."""
-    if args.attention_gate not in ATTENTION_GATES:
-        raise ConfigError(f"gamma.attention_gate = {args.attention_gate!r}: allowed {', '.join(ATTENTION_GATES)}")
+def check_rope(args) -> None:
+    """The rotary base (the paper's knobs are checked once, with [gamma]: config/checks.py)."""
     if not args.rope_theta > 0:
         raise ConfigError(f"model_args.rope_theta = {args.rope_theta!r}: must be > 0")
-    if not args.norm_eps > 0:
-        raise ConfigError(f"gamma.norm_eps = {args.norm_eps!r}: must be a number > 0")
 
 
 def check_tensor_parallel(args, tp: int, widths: tuple[str, ...]) -> None:

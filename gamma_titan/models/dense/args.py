@@ -18,7 +18,7 @@ from gamma_titan.models.common.sdpa import AttentionShape
 from gamma_titan.models.common.shapes import (
     HeadShape,
     check_heads,
-    check_knobs_and_rope,
+    check_rope,
     check_positive_ints,
     check_tensor_parallel,
 )
@@ -43,7 +43,7 @@ class DenseModelArgs(HeadShape, GammaArgs):
         """Raise ConfigError (naming the [model_args] key) for a shape that cannot work."""
         check_positive_ints(self, ("dim", "n_layers", "n_heads", "ffn_hidden_dim", "vocab_size", "max_seq_len"))
         check_heads(self)
-        check_knobs_and_rope(self)
+        check_rope(self)
 
     def check_parallelism(self, parallelism) -> None:
         check_tensor_parallel(self, parallelism.tensor_parallel_degree, ("ffn_hidden_dim",))

@@ -23,7 +23,7 @@ from gamma_titan.models.common.sdpa import AttentionShape
 from gamma_titan.models.common.shapes import (
     HeadShape,
     check_heads,
-    check_knobs_and_rope,
+    check_rope,
     check_positive_ints,
     check_tensor_parallel,
 )
@@ -107,7 +107,7 @@ class MoEModelArgs(HeadShape, GammaArgs):
                 raise ConfigError(f"model_args.{key} = {value!r}: must be an integer >= 0")
         if self.attention not in ATTENTION_KINDS:
             raise ConfigError(f"model_args.attention = {self.attention!r}: allowed {', '.join(ATTENTION_KINDS)}")
-        check_knobs_and_rope(self)
+        check_rope(self)
         if self.expert_kernel not in EXPERT_KERNELS:
             raise ConfigError(f"model_args.expert_kernel = {self.expert_kernel!r}: allowed {', '.join(EXPERT_KERNELS)}")
         if self.score_func not in SCORE_FUNCS:

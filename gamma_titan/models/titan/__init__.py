@@ -5,10 +5,6 @@ ours both build it); without [gamma] knobs each is TorchTitan's model bit for bi
 knobs.py holds what they share, moe.py TorchTitan's MoE layer on a CPU, hf.py the
 Hugging Face names."""
 
-from gamma_titan.models.registry import register_family
-
 from . import deepseek_v3, llama3, qwen3
 
-register_family("llama3", llama3.train_spec())
-register_family("qwen3", qwen3.train_spec())
-register_family("deepseek_v3", deepseek_v3.train_spec())
+__all__ = ["deepseek_v3", "llama3", "qwen3"]

@@ -28,12 +28,12 @@ from torchtitan.models.deepseek_v3.model.args import DeepSeekV3ModelArgs
 from torchtitan.models.deepseek_v3.model.model import (Attention, DeepSeekV3Model, apply_rotary_emb,
                                                        precompute_freqs_cis)
 from torchtitan.models.deepseek_v3.model.state_dict_adapter import DeepSeekV3StateDictAdapter
+from torchtitan.protocols.train_spec import TrainSpec
 
 from gamma_titan.errors import ConfigError
 from gamma_titan.models.common.flavors import Flavors
 from gamma_titan.models.common.hf_layout import GAMMA_ARCHITECTURE, gamma_from_hf, gamma_to_hf
 from gamma_titan.models.common.sdpa import AttentionShape
-from gamma_titan.training.train_spec import with_our_components
 
 from .hf import gamma_moe_config, package_reason
 from .knobs import GateProjection, TitanArgs, TitanKnobs, local, parallelize_gate_projections
@@ -245,10 +245,10 @@ def flavors() -> Flavors:
                     for name, args in deepseekv3_args.items()})
 
 
-def train_spec():
+def get_train_spec() -> TrainSpec:
     """TorchTitan's deepseek_v3 TrainSpec (its pipelining function, its optimizers with the
     expert-bias update, ...) with the knob-aware model, args, parallelize function and
-    adapter, and our data, tokenizer and metrics."""
-    return with_our_components(dataclasses.replace(
+    adapter."""
+    return dataclasses.replace(
         titan_spec(), model_cls=DeepSeekV3, model_args=flavors(), parallelize_fn=parallelize,
-        state_dict_adapter=DeepSeekV3Adapter))
+        state_dict_adapter=DeepSeekV3Adapter)

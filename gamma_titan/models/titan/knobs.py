@@ -34,8 +34,7 @@ from torchtitan.models.utils import trunc_normal_
 
 from gamma_titan.errors import ConfigError
 from gamma_titan.init import GammaInit, gamma_init_
-from gamma_titan.models.common import ATTENTION_GATES
-from gamma_titan.models.common.args import GammaArgs, gamma_init_config
+from gamma_titan.models.common.args import GammaArgs, apply_gamma, gamma_init_config
 from gamma_titan.models.common.decoder import init_rule
 
 from .moe import make_cpu_capable, reset_load
@@ -57,6 +56,10 @@ class TitanArgs(GammaArgs):
     init: GammaInit | None = None  # None: TorchTitan's init
     every_norm_eps: float | None = None  # gamma.norm_eps, for the norms the flavor's ε does not reach
 
+    # TorchTitan's models read norm_eps for some norms and a constant for others (qwen3's
+    # q/k norms, deepseek_v3's final norm): gamma.norm_eps sets both.
+    EPS_FIELDS = ("norm_eps", "every_norm_eps")
+
     @classmethod
     def model_args_fields(cls) -> tuple[str, ...]:
         return NO_MODEL_ARGS
@@ -69,22 +72,20 @@ class TitanArgs(GammaArgs):
             if getattr(job_config.model_args, f) is not None:
                 raise ConfigError(f"model_args.{f}: {job_config.model.name} takes its shapes from its flavors "
                                   "(model.flavor); [model_args] applies to gamma_dense and gamma_moe")
-        gamma = job_config.gamma
-        if gamma.norm_eps is not None:
-            self.norm_eps = self.every_norm_eps = float(gamma.norm_eps)
-        if gamma.attention_gate is not None:
-            self.attention_gate = gamma.attention_gate
-        if gamma.init_rate is not None:
-            self.init = gamma_init_config(job_config, default_rate=float(gamma.init_rate))
-        elif any(getattr(gamma.init_rate_overrides, g) is not None
-                 for g in gamma.init_rate_overrides.__dataclass_fields__):
-            raise ConfigError("gamma.init_rate_overrides: set gamma.init_rate too (without it, "
-                              f"{job_config.model.name} keeps TorchTitan's init)")
+        apply_gamma(self, job_config)
         self.check()
 
+    def gamma_init(self, job_config) -> GammaInit | None:
+        """γ-init only where gamma.init_rate is set; None keeps TorchTitan's init."""
+        gamma = job_config.gamma
+        if gamma.init_rate is not None:
+            return gamma_init_config(job_config, default_rate=float(gamma.init_rate))
+        if any(getattr(gamma.init_rate_overrides, g) is not None for g in gamma.init_rate_overrides.__dataclass_fields__):
+            raise ConfigError("gamma.init_rate_overrides: set gamma.init_rate too (without it, "
+                              f"{job_config.model.name} keeps TorchTitan's init)")
+        return None
+
     def check(self) -> None:
-        if self.attention_gate not in ATTENTION_GATES:
-            raise ConfigError(f"gamma.attention_gate = {self.attention_gate!r}: allowed {', '.join(ATTENTION_GATES)}")
         if self.attention_gate != "none" and getattr(self, "attn_type", "sdpa") == "varlen":
             raise ConfigError("gamma.attention_gate: the gate is not wired for varlen attention; use a flavor "
                               "with sdpa or flex attention, or gamma.attention_gate = \"none\"")

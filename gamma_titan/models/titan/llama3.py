@@ -21,13 +21,13 @@ from torchtitan.models.llama3.infra.parallelize import parallelize_llama
 from torchtitan.models.llama3.model.args import TransformerModelArgs
 from torchtitan.models.llama3.model.model import Attention, FeedForward, Transformer, apply_rotary_emb
 from torchtitan.models.llama3.model.state_dict_adapter import Llama3StateDictAdapter
+from torchtitan.protocols.train_spec import TrainSpec
 
 from gamma_titan.errors import ConfigError
 from gamma_titan.models.common.flavors import Flavors
 from gamma_titan.models.common.hf_layout import GAMMA_ARCHITECTURE, gamma_from_hf, gamma_to_hf
 from gamma_titan.models.common.sdpa import AttentionShape
 from gamma_titan.models.common.shapes import HeadShape
-from gamma_titan.training.train_spec import with_our_components
 
 from .hf import GATE_HF, GATE_TITAN, inverse, package_reason, renamed
 from .knobs import GateProjection, TitanArgs, TitanKnobs, parallelize_gate_projections
@@ -161,10 +161,9 @@ def flavors() -> Flavors:
                     for name, args in llama3_args.items()})
 
 
-def train_spec():
+def get_train_spec() -> TrainSpec:
     """TorchTitan's llama3 TrainSpec (its pipelining function, optimizers, loss, ...) with
-    the knob-aware model, args, parallelize function and adapter, and our data, tokenizer
-    and metrics."""
-    return with_our_components(dataclasses.replace(
+    the knob-aware model, args, parallelize function and adapter."""
+    return dataclasses.replace(
         titan_spec(), model_cls=Llama3, model_args=flavors(), parallelize_fn=parallelize,
-        state_dict_adapter=Llama3Adapter))
+        state_dict_adapter=Llama3Adapter)

@@ -26,12 +26,12 @@ from torchtitan.models.qwen3.infra.parallelize import parallelize_qwen3
 from torchtitan.models.qwen3.model.args import Qwen3ModelArgs
 from torchtitan.models.qwen3.model.model import Attention, Qwen3Model, apply_rotary_emb
 from torchtitan.models.qwen3.model.state_dict_adapter import Qwen3StateDictAdapter
+from torchtitan.protocols.train_spec import TrainSpec
 
 from gamma_titan.errors import ConfigError
 from gamma_titan.models.common.flavors import Flavors
 from gamma_titan.models.common.hf_layout import GAMMA_ARCHITECTURE, gamma_from_hf, gamma_to_hf
 from gamma_titan.models.common.sdpa import AttentionShape
-from gamma_titan.training.train_spec import with_our_components
 
 from .hf import gamma_moe_config, package_reason
 from .knobs import GateProjection, TitanArgs, TitanKnobs, local, parallelize_gate_projections
@@ -206,10 +206,9 @@ def flavors() -> Flavors:
                     for name, args in qwen3_args.items()})
 
 
-def train_spec():
+def get_train_spec() -> TrainSpec:
     """TorchTitan's qwen3 TrainSpec (its optimizers, loss, ...; no pipelining function)
-    with the knob-aware model, args, parallelize function and adapter, and our data,
-    tokenizer and metrics."""
-    return with_our_components(dataclasses.replace(
+    with the knob-aware model, args, parallelize function and adapter."""
+    return dataclasses.replace(
         titan_spec(), model_cls=Qwen3, model_args=flavors(), parallelize_fn=parallelize,
-        state_dict_adapter=Qwen3Adapter))
+        state_dict_adapter=Qwen3Adapter)

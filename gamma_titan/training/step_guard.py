@@ -1,4 +1,4 @@
-"""What keeps a long run alive and its state intact ([gamma.reliability]).
+"""The step guard ([gamma.reliability]): what a step's loss and gradient norm decide.
 
   * Non-finite guard: after backward, the global gradient norm (which TorchTitan
     computes for clipping, the same on every rank) is checked. A NaN/Inf step is skipped
@@ -8,25 +8,12 @@
   * Loss spikes: a step whose loss exceeds `loss_spike_factor` x the running mean of the
     last `loss_spike_window` steps is logged (`loss_spike` in that step's metrics.jsonl
     line) with the global batch it came from, so the offending data can be found.
-  * Graceful stop: SIGTERM (what SLURM and torchrun send before a kill) makes every rank
-    finish the step in progress, write a full checkpoint of it and exit 0. If that takes
-    longer than `stop_grace_seconds`, the process exits with 143 and the last complete
-    checkpoint stays the one to resume from.
-  * Crash-safe checkpoints: a checkpoint folder counts only once its DCP `.metadata` is
-    written (DCP writes it last). At start-up, incomplete folders are reported; keep-last-K
-    counts and deletes only complete ones, so it never removes the only complete
-    checkpoint (TorchTitan's own purge counts every step-N folder).
 """
 
 from __future__ import annotations
 
 import math
-import os
-import re
-import signal
-import threading
 from collections import deque
-from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -34,64 +21,9 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torchtitan.tools.logging import logger
 
-STEP_FOLDER = re.compile(r"^step-(\d+)$")
-#: What a non-finite step does (gamma.reliability.on_nonfinite): skip its update, or stop.
-ON_NONFINITE = ("skip", "stop")
-
 
 class NonFiniteError(RuntimeError):
     """The run stops: a non-finite loss or gradient (or parameters about to be saved)."""
-
-
-# --- checkpoint folders ------------------------------------------------------------------
-
-
-def checkpoint_steps(folder: str | os.PathLike) -> tuple[list[int], list[int]]:
-    """(complete, incomplete) step numbers of the DCP step-N folders in a checkpoint
-    folder. A finished Hugging Face export (`checkpoint.last_save_in_hf`: config.json and
-    safetensors, no .metadata) is neither: it is never resumed from, nor purged."""
-    complete, incomplete = [], []
-    root = Path(folder)
-    if not root.is_dir():
-        return complete, incomplete
-    for entry in root.iterdir():
-        match = STEP_FOLDER.match(entry.name)
-        if not match or not entry.is_dir() or is_hf_export(entry):
-            continue
-        (complete if (entry / ".metadata").is_file() else incomplete).append(int(match.group(1)))
-    return sorted(complete), sorted(incomplete)
-
-
-def is_hf_export(step_folder: Path) -> bool:
-    """config.json is written last, after TorchTitan's safetensors (GammaCheckpointManager)."""
-    return (step_folder / "config.json").is_file() and not (step_folder / ".metadata").is_file()
-
-
-def report_incomplete_checkpoints(folder: str | os.PathLike) -> list[int]:
-    """Log the checkpoint folders a killed save left behind (they are never loaded)."""
-    complete, incomplete = checkpoint_steps(folder)
-    if incomplete:
-        logger.warning(
-            f"incomplete checkpoint(s) in {folder} (a save was interrupted): "
-            f"{', '.join(f'step-{s}' for s in incomplete)}; ignored. Resuming from "
-            + (f"step-{complete[-1]}" if complete else "scratch (no complete checkpoint)")
-        )
-    return incomplete
-
-
-def purge_keeping_complete(checkpointer) -> None:
-    """Replacement for TorchTitan's CheckpointManager._purge_stale_checkpoints: keep the
-    newest `keep_latest_k` complete checkpoints; delete older complete ones and the
-    incomplete ones older than the newest complete (a newer incomplete one may be a save
-    still in flight)."""
-    if checkpointer.keep_latest_k <= 0 or dist.get_rank() != 0 or not os.path.isdir(checkpointer.folder):
-        return
-    complete, incomplete = checkpoint_steps(checkpointer.folder)
-    doomed = complete[: -checkpointer.keep_latest_k]
-    if complete:
-        doomed += [s for s in incomplete if s < complete[-1]]
-    for step in sorted(doomed):
-        checkpointer.purge_queue.put(os.path.join(checkpointer.folder, f"step-{step}"))
 
 
 def parameters_finite(model_parts: list[torch.nn.Module], device) -> bool:
@@ -106,9 +38,6 @@ def parameters_finite(model_parts: list[torch.nn.Module], device) -> bool:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)
     return bad.item() == 0
-
-
-# --- the step guard ----------------------------------------------------------------------
 
 
 class LossSpikes:
@@ -179,43 +108,3 @@ def step_verdict(loss: torch.Tensor, grad_norm: torch.Tensor | None, stop_reques
         norm = norm.full_tensor()
     total, stops, norm_value = torch.cat([votes, norm.to(device)]).tolist()
     return StepVerdict(total, norm_value, stops > 0)
-
-
-# --- graceful stop -------------------------------------------------------------------------
-
-
-class GracefulStop:
-    """SIGTERM sets a flag; the trainer checkpoints at the end of the step and exits 0.
-    A watchdog ends the process with 143 if that takes longer than the grace period."""
-
-    EXIT_TIMEOUT = 128 + signal.SIGTERM
-
-    def __init__(self, grace_seconds: float):
-        self.grace_seconds = grace_seconds
-        self.requested = False
-        self.done = threading.Event()
-        self._previous = None
-
-    def install(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-
-    def uninstall(self) -> None:
-        self.done.set()
-        if self._previous is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
-
-    def _on_sigterm(self, signum, frame) -> None:
-        if self.requested:
-            return
-        self.requested = True
-        logger.warning(f"SIGTERM: finishing this step, checkpointing it and exiting "
-                       f"(at most {self.grace_seconds:g} s)")
-        threading.Thread(target=self._watchdog, daemon=True).start()
-
-    def _watchdog(self) -> None:
-        if not self.done.wait(self.grace_seconds):
-            logger.error(f"SIGTERM: no clean stop within gamma.reliability.stop_grace_seconds = "
-                         f"{self.grace_seconds:g}; exiting without a new checkpoint")
-            os._exit(self.EXIT_TIMEOUT)

@@ -1,0 +1,31 @@
+"""The names of the files and folders gamma-titan writes and reads, each spelled once.
+
+A leaf module (it imports nothing of the package), so every layer may name them: the
+trainer that writes a file and the report or converter that reads it.
+"""
+
+import re
+
+#: A tokenizer folder's tokenizer, in Hugging Face `tokenizers`' format.
+TOKENIZER_FILE = "tokenizer.json"
+
+#: A run's scalars, one JSON object per logged step, in job.dump_folder (training/metrics.py).
+METRICS_FILE = "metrics.jsonl"
+
+#: A checkpoint folder's record of the model its steps hold (convert/model_record.py).
+MODEL_FILE = "model.json"
+
+#: A Hugging Face model folder's index of its safetensors shards.
+HF_INDEX_FILE = "model.safetensors.index.json"
+
+#: A recipe's --out folder: the plan (each run's config and arguments), and each run's
+#: outcome so far (done / failed, wall time). Written by `recipe run`, read by `report recipe`.
+RECIPE_PLAN_FILE = "recipe.json"
+RECIPE_STATUS_FILE = "status.json"
+
+#: TorchTitan's name for step n's checkpoint inside checkpoint.folder.
+STEP_FOLDER = re.compile(r"^step-(\d+)$")
+
+
+def step_folder(step: int) -> str:
+    return f"step-{step}"

@@ -1,0 +1,66 @@
+"""Which checkpoints a checkpoint folder holds, by what is on disk ([gamma.reliability]).
+
+A step-N folder counts only once its DCP `.metadata` is written (DCP writes it last). At
+start-up, incomplete folders are reported; keep-last-K counts and deletes only complete
+ones, so it never removes the only complete checkpoint (TorchTitan's own purge counts
+every step-N folder). Used by the CheckpointManager subclass (checkpoint.py), pre-flight
+and the tools, none of which needs a manager to ask.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch.distributed as dist
+from torchtitan.tools.logging import logger
+
+from gamma_titan.files import STEP_FOLDER, step_folder
+
+
+def checkpoint_steps(folder: str | os.PathLike) -> tuple[list[int], list[int]]:
+    """(complete, incomplete) step numbers of the DCP step-N folders in a checkpoint
+    folder. A finished Hugging Face export (`checkpoint.last_save_in_hf`: config.json and
+    safetensors, no .metadata) is neither: it is never resumed from, nor purged."""
+    complete, incomplete = [], []
+    root = Path(folder)
+    if not root.is_dir():
+        return complete, incomplete
+    for entry in root.iterdir():
+        match = STEP_FOLDER.match(entry.name)
+        if not match or not entry.is_dir() or is_hf_export(entry):
+            continue
+        (complete if (entry / ".metadata").is_file() else incomplete).append(int(match.group(1)))
+    return sorted(complete), sorted(incomplete)
+
+
+def is_hf_export(folder: Path) -> bool:
+    """config.json is written last, after TorchTitan's safetensors (GammaCheckpointManager)."""
+    return (folder / "config.json").is_file() and not (folder / ".metadata").is_file()
+
+
+def report_incomplete_checkpoints(folder: str | os.PathLike) -> list[int]:
+    """Log the checkpoint folders a killed save left behind (they are never loaded)."""
+    complete, incomplete = checkpoint_steps(folder)
+    if incomplete:
+        logger.warning(
+            f"incomplete checkpoint(s) in {folder} (a save was interrupted): "
+            f"{', '.join(step_folder(s) for s in incomplete)}; ignored. Resuming from "
+            + (step_folder(complete[-1]) if complete else "scratch (no complete checkpoint)")
+        )
+    return incomplete
+
+
+def purge_keeping_complete(checkpointer) -> None:
+    """Replacement for TorchTitan's CheckpointManager._purge_stale_checkpoints: keep the
+    newest `keep_latest_k` complete checkpoints; delete older complete ones and the
+    incomplete ones older than the newest complete (a newer incomplete one may be a save
+    still in flight)."""
+    if checkpointer.keep_latest_k <= 0 or dist.get_rank() != 0 or not os.path.isdir(checkpointer.folder):
+        return
+    complete, incomplete = checkpoint_steps(checkpointer.folder)
+    doomed = complete[: -checkpointer.keep_latest_k]
+    if complete:
+        doomed += [s for s in incomplete if s < complete[-1]]
+    for step in sorted(doomed):
+        checkpointer.purge_queue.put(os.path.join(checkpointer.folder, step_folder(step)))
