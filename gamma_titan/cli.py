@@ -73,9 +73,9 @@ def cmd_inspect(ns, overrides: list[str]) -> int:
     from gamma_titan.config import load_job_config
     from torchtitan.tools.utils import device_type
 
-    from gamma_titan.inspect_model import format_report, inspect_model, resolve_model, tokens_per_step, \
-        weight_decay_report
+    from gamma_titan.inspect_model import format_report, inspect_model, tokens_per_step, weight_decay_report
     from gamma_titan.training.main import attention_kernels
+    from gamma_titan.training.train_spec import resolve_model
 
     config = load_job_config(_config_argv(ns.config, overrides))
     if ns.memory:  # the layout at that many GPUs, 8 a node (derive.py fills in the degrees)

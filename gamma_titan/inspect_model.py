@@ -21,29 +21,10 @@ from collections import defaultdict
 import torch
 from torch import nn
 
-from gamma_titan.diagnostics.probe import EPS_DOMINANCE
-from gamma_titan.errors import ConfigError
+from gamma_titan.diagnostics.probe import EPS_DOMINANCE, eps_dominates
 from gamma_titan.init import ParamInit, gamma_init_, init_plan
 from gamma_titan.models.common.decoder import reset_buffers
 
-
-
-def resolve_model(job_config):
-    """(TrainSpec, model args with [model_args] and [gamma] applied) for a config."""
-    from torchtitan.protocols.train_spec import get_train_spec
-
-    name, flavor = job_config.model.name, job_config.model.flavor
-    try:
-        spec = get_train_spec(name)
-    except (ValueError, ImportError):
-        from gamma_titan.models import TRAIN_SPECS
-
-        raise ConfigError(f"model.name = {name!r}: allowed {', '.join(TRAIN_SPECS)}") from None
-    if flavor not in spec.model_args:
-        raise ConfigError(f"model.flavor = {flavor!r}: allowed for {name}: {', '.join(spec.model_args)}")
-    args = spec.model_args[flavor]  # a fresh copy (Flavors)
-    args.update_from_config(job_config)
-    return spec, args
 
 
 class _NormProbe:
@@ -185,7 +166,7 @@ def inspect_model(spec, args, seq_len: int, measure: bool = True, probe_batch: i
         params=rows,
         norm_sites=[{"name": k, "var": v} for k, v in probe.sites.items()],
         hidden_var=hidden_var,
-        eps_dominated=args.norm_eps > EPS_DOMINANCE * hidden_var,
+        eps_dominated=eps_dominates(args.norm_eps, hidden_var),
         residual_flow_ratio=residual_flow,
         embedding_var=e.pow(2).mean().item(),
         final_hidden_var=h.pow(2).mean().item(),

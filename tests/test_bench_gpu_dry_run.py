@@ -34,7 +34,7 @@ def test_dry_run_reports_every_variant_and_never_overwrites(tmp_path, builtin_as
     assert report["dry_run"] and set(report["variants"]) == set(VARIANTS)
 
     from gamma_titan.config import load_job_config
-    from gamma_titan.inspect_model import resolve_model
+    from gamma_titan.training.train_spec import resolve_model
 
     logs = tmp_path / "bench_logs"
     variants = report["variants"]

@@ -20,7 +20,7 @@ from torch.utils.flop_counter import FlopCounterMode, bmm_flop, sdpa_backward_fl
 
 import gamma_titan  # noqa: F401  (CPU shims, TrainSpecs)
 from gamma_titan.config import load_job_config
-from gamma_titan.inspect_model import resolve_model
+from gamma_titan.training.train_spec import resolve_model
 from helpers import REPO
 
 aten = torch.ops.aten

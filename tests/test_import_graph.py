@@ -119,6 +119,44 @@ def test_no_import_cycles():
     assert not cycles, f"{len(cycles)} import cycle(s) in gamma_titan:\n{_chains(cycles)}"
 
 
+#: Arrows point down: what each package (or top-level module) may import besides itself.
+#: models/, config/, data/ and diagnostics/ import nothing from training/; a constant lives
+#: with the schema or the leaf module (files.py, errors.py) that names it.
+MAY_IMPORT = {
+    "errors": set(),
+    "files": set(),
+    "init": {"errors"},
+    "data": {"errors", "files"},
+    "models": {"errors", "files", "init"},
+    "diagnostics": {"data", "errors", "files", "init"},
+    "config": {"data", "errors", "files", "init", "models"},
+    "convert": {"data", "errors", "files", "init", "models"},
+    "reports": {"convert", "data", "diagnostics", "errors", "files", "init", "models"},
+    "training": {"config", "convert", "data", "diagnostics", "errors", "files", "init", "inspect_model", "models"},
+    "inspect_model": {"diagnostics", "errors", "init", "models", "training"},
+    "recipes": {"config", "data", "diagnostics", "errors", "files", "init", "models", "reports", "training"},
+}
+
+
+def package_of(module: str) -> str:
+    """gamma_titan.training.main -> "training"; gamma_titan.files -> "files"."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return [f"{module} -> {target}" for module, targets in sorted(graph.items()) for target in sorted(targets)
+            if (src := package_of(module)) in MAY_IMPORT and (dst := package_of(target)) != src
+            and dst not in MAY_IMPORT[src]]
+
+
+def test_arrows_point_down():
+    graph = import_graph()
+    assert not upward_imports(graph), "\n".join(upward_imports(graph))
+    assert upward_imports({"gamma_titan.models.dense": {"gamma_titan.training.train_spec"}}) == [
+        "gamma_titan.models.dense -> gamma_titan.training.train_spec"]
+
+
 def _write(root: Path, files: dict[str, str]) -> Path:
     for rel, text in files.items():
         path = root / rel

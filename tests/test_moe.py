@@ -8,7 +8,7 @@ import torch
 import gamma_titan  # noqa: F401
 from gamma_titan.errors import ConfigError
 from gamma_titan.inspect_model import inspect_model
-from gamma_titan.models.common.moe import TokenChoiceRouter, TokenReorderer, tokens_per_expert
+from gamma_titan.models.common.moe import CountingReorderer, TokenChoiceRouter, tokens_per_expert
 from gamma_titan.models.moe import GammaMoE, moe_flavors
 from gamma_titan.models import TRAIN_SPECS
 
@@ -101,7 +101,7 @@ def test_router_counts_and_reorder_match_a_naive_count():
     assert torch.equal(counts, naive) and counts[3] == 50 and counts.sum() == 100
     torch.testing.assert_close(top.sum(-1), torch.ones(50))  # route_norm
     assert torch.equal(router.load, counts)
-    sorted_scores, order, counts2 = TokenReorderer(8, 2)(top, idx)
+    sorted_scores, order, counts2 = CountingReorderer(8, 2)(top, idx)
     assert torch.equal(counts2, counts)
     assert torch.equal(idx.reshape(-1)[order], torch.sort(idx.reshape(-1), stable=True).values)
     assert torch.equal(tokens_per_expert(torch.tensor([[0, 0], [2, 0]]), 3), torch.tensor([3, 0, 1]))

@@ -7,10 +7,22 @@ import torch
 import gamma_titan  # noqa: F401
 from gamma_titan.data.rank_batches import PackedSequences
 from gamma_titan.data.sampling import Sequences
-from gamma_titan.data.shards import ArrayTokens
 from gamma_titan.errors import ConfigError
 
 SEQ = 10
+
+
+class ArrayTokens:
+    """An in-memory token stream with the reading interface of data/shards.py's TokenShards."""
+
+    def __init__(self, tokens):
+        self.tokens = np.asarray(tokens)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        return self.tokens[start:stop].copy()
 
 
 def in_order(n_tokens=1000, shuffle=False):

@@ -368,7 +368,7 @@ def test_a_recipe_can_name_torchtitans_models(model, builtin_assets, tmp_path, c
     runs = planned.runs
     assert len(runs) == 4 and len({r.params for r in runs}) == 2  # the gate adds n_layers x (dim x heads·hd)
     from gamma_titan.config import load_job_config
-    from gamma_titan.inspect_model import resolve_model
+    from gamma_titan.training.train_spec import resolve_model
 
     _, args = resolve_model(load_job_config(["--job.config_file", str(REPO / f"configs/titan/{model}_debug.toml")]))
     gate_params = args.n_layers * args.dim * args.n_heads * args.head_dim

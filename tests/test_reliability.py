@@ -217,7 +217,7 @@ def test_moe_steps_read_the_host_once_per_layer_for_dispatch_and_once_for_the_lo
     * TorchTitan's deepseek_v3 under its own Trainer, 1 rank (its experts' CPU loop, whose
       split sizes also come from one transfer per layer): one per MoE layer, the reference."""
     from gamma_titan.config import load_job_config
-    from gamma_titan.inspect_model import resolve_model
+    from gamma_titan.training.train_spec import resolve_model
     from helpers import REPO
 
     moe, deepseek = REPO / "configs" / "moe" / "debug.toml", REPO / "configs" / "titan" / "deepseek_v3_debug.toml"

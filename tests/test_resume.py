@@ -59,7 +59,7 @@ def test_a_model_only_checkpoint_is_refused_with_the_ways_forward(tmp_path):
 
 def test_checkpoints_of_another_model_shape_are_refused(tmp_path, builtin_assets):
     from gamma_titan.convert.model_record import model_record, write_model_record
-    from gamma_titan.inspect_model import resolve_model
+    from gamma_titan.training.train_spec import resolve_model
 
     ckpt = tmp_path / "run" / "checkpoint"
     save_checkpoint(ckpt / "step-2", {"tok_embeddings.weight": torch.zeros(4, 2), "train_state": {"step": 2}})

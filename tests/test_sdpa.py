@@ -10,11 +10,11 @@ from torchtitan.models.attention import ScaledDotProductAttentionWrapper
 
 import gamma_titan  # noqa: F401
 from gamma_titan.models.common import GatedAttention, rope_cache
-from gamma_titan.models.common import sdpa as sdpa_mod
+from gamma_titan.models.common import sdpa_kernels
 from gamma_titan.models.common.mla import GatedMLA
-from gamma_titan.models.common.sdpa import (
-    CPU_FLASH, attend, attention_backend_lines, attention_backends, cuda_backend,
-    pad_qkv, sdpa_backend, sdpa_head_dims,
+from gamma_titan.models.common.sdpa import attend, pad_qkv, sdpa_head_dims
+from gamma_titan.models.common.sdpa_kernels import (
+    CPU_FLASH, attention_backend_lines, attention_backends, cuda_backend, sdpa_backend,
 )
 from gamma_titan.models.dense import dense_flavors
 from gamma_titan.models.moe import moe_flavors
@@ -210,7 +210,7 @@ def test_sdpa_backend_cuda_branch_sees_padded_tensors(monkeypatch):
         devices.append(torch.device(device).type if device is not None else None)
         return real_zeros(*shape, **kw)
 
-    monkeypatch.setattr(sdpa_mod.torch, "zeros", zeros_on_cpu)
+    monkeypatch.setattr(sdpa_kernels.torch, "zeros", zeros_on_cpu)
     checks = FakeCudaChecks(monkeypatch, accept={"flash"})
     assert sdpa_backend(192, 128, 16, 16, torch.bfloat16, "cuda", deterministic=False) == "flash"
     assert [name for name, _ in checks.seen] == ["cudnn", "flash"]
@@ -284,7 +284,7 @@ def test_report_lines_warn_on_math():
 
 
 def test_report_line_names_the_padding_on_cuda(monkeypatch):
-    monkeypatch.setattr(sdpa_mod, "attention_backends", lambda *a, **k: {"mla": "flash"})
+    monkeypatch.setattr(sdpa_kernels, "attention_backends", lambda *a, **k: {"mla": "flash"})
     (line,) = attention_backend_lines(moe_flavors["16B-A2.4B"], torch.bfloat16, "cuda", deterministic=True)
     assert line == ("attention mla: SDPA kernel flash (head dims q/k 192, v 128 (zero-padded to 192); "
                     "bfloat16 on cuda, deterministic)")

@@ -87,7 +87,7 @@ def test_a_toml_value_is_checked_like_a_cli_one(tmp_path, table, key, value, mes
 def test_every_model_args_field_refuses_a_value_out_of_range(toml, extra):
     """Each [model_args] field of the family, set to a value it cannot mean (a negative
     count or coefficient, an unknown name), is refused by name before anything starts."""
-    from gamma_titan.inspect_model import resolve_model
+    from gamma_titan.training.train_spec import resolve_model
 
     base = ["--job.config_file", str(REPO / toml), *extra]
     spec, args = resolve_model(load_job_config(base))

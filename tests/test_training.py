@@ -34,7 +34,7 @@ def expected_diagnostics_tags() -> set[str]:
 
     from gamma_titan.config import load_job_config
     from gamma_titan.diagnostics.live import weight_matrices
-    from gamma_titan.inspect_model import resolve_model
+    from gamma_titan.training.train_spec import resolve_model
 
     spec, args = resolve_model(load_job_config(["--job.config_file", str(DEBUG_TOML)]))
     with torch.device("meta"):
@@ -67,7 +67,7 @@ def test_logged_tflops_use_the_models_flops_per_token(debug_run):
     """tflops = FLOPs/token · tokens/s, with FLOPs/token the count that tests/test_flops.py
     checks against the matmuls a training step executes (elementwise gate, GQA)."""
     from gamma_titan.config import load_job_config
-    from gamma_titan.inspect_model import resolve_model
+    from gamma_titan.training.train_spec import resolve_model
 
     config = load_job_config(["--job.config_file", str(DEBUG_TOML)])
     _, args = resolve_model(config)
@@ -208,7 +208,7 @@ def test_trained_checkpoint_converts_to_hf_with_the_same_logits(debug_run, tmp_p
     from gamma_titan.convert.dcp_io import load_model_state
     from gamma_titan.convert.hf import to_hf
     from gamma_titan.convert.model_record import read_model_record
-    from gamma_titan.inspect_model import resolve_model
+    from gamma_titan.training.train_spec import resolve_model
 
     step = debug_run / "checkpoint" / "step-30"
     name, args, record = read_model_record(step)

@@ -5,7 +5,7 @@ import torch
 
 from helpers import REPO
 from gamma_titan.config import load_job_config
-from gamma_titan.inspect_model import resolve_model
+from gamma_titan.training.train_spec import resolve_model
 
 TITAN_CONFIGS = {model: REPO / "configs" / "titan" / f"{model}_debug.toml"
                  for model in ("llama3", "qwen3", "deepseek_v3")}

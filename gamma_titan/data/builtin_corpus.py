@@ -24,7 +24,6 @@ import ast
 import io
 import json
 import logging
-import random
 import pkgutil
 import platform
 import re
@@ -263,19 +262,6 @@ def ensure_builtin_corpus(force: bool = False, source: str = BUILTIN_DOCS) -> Pa
         )
 
     return build_once(cache_dir() / "corpus" / corpus_name(source), build, force)
-
-
-#: The corpus file is sorted by title (readable, stable); training reads it in a fixed
-#: shuffled order so that related modules (email.*, asyncio.*) are not seen back to back.
-SHUFFLE_SEED = 0
-
-
-def builtin_texts(split: str) -> list[str]:
-    """The documents of a split ("train" or "validation"); train in its fixed shuffled order."""
-    texts = list(read_texts(ensure_builtin_corpus() / f"{split}.jsonl"))
-    if split == "train":
-        random.Random(SHUFFLE_SEED).shuffle(texts)
-    return texts
 
 
 def read_texts(jsonl_path: str | Path) -> Iterator[str]:

@@ -206,16 +206,3 @@ class TokenShards:
             offsets = np.load(path.with_suffix(".idx.npy"))
             docs += [np.asarray(tokens[a:b]) for a, b in zip(offsets[:-1], offsets[1:])]
         return docs
-
-
-class ArrayTokens:
-    """An in-memory token stream with the `TokenShards` reading interface (tests, tools)."""
-
-    def __init__(self, tokens):
-        self.tokens = np.asarray(tokens)
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def read(self, start: int, stop: int) -> np.ndarray:
-        return self.tokens[start:stop].copy()

@@ -30,8 +30,15 @@ from gamma_titan.init import canonical_name
 from .sink import first_token_mass
 
 #: RMSNorm is ε-dominated where ε > EPS_DOMINANCE · σ²(h): it no longer sees the scale
-#: of h (the paper's §2.1). `inspect` applies the same rule at init.
+#: of h (the paper's §2.1).
 EPS_DOMINANCE = 0.1
+
+
+def eps_dominates(norm_eps: float, hidden_var: float) -> bool:
+    """Whether ε dominates an RMSNorm whose input has variance σ²(h) (`inspect` at init,
+    the recipe planner's runs)."""
+    return norm_eps > EPS_DOMINANCE * hidden_var
+
 #: A gate value below this counts as closed (gate sparsity).
 GATE_CLOSED = 0.1
 

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gamma_titan.diagnostics.probe import EPS_DOMINANCE
+from gamma_titan.diagnostics.probe import EPS_DOMINANCE, eps_dominates
 from gamma_titan.errors import ConfigError
 from gamma_titan.recipes.spec import SEED_KEYS, Recipe, Run, Scale, check_seeds
 from gamma_titan.training.launch import stop_grace_seconds
@@ -85,7 +85,7 @@ class PlannedRun:
 
     @property
     def eps_dominated(self) -> bool:
-        return self.norm_eps > EPS_DOMINANCE * self.hidden_var
+        return eps_dominates(self.norm_eps, self.hidden_var)
 
     def argv(self, run_dir: Path) -> list[str]:
         """The `gamma_titan.train` arguments (TorchTitan's command line) of this run."""

@@ -48,7 +48,7 @@ def attention_kernels(args, config, device_type: str) -> list[str]:
     which holds the whole T x T score matrix)."""
     from torchtitan.config import TORCH_DTYPE_MAP
 
-    from gamma_titan.models.common.sdpa import attention_backend_lines
+    from gamma_titan.models.common.sdpa_kernels import attention_backend_lines
 
     dtype = TORCH_DTYPE_MAP[config.training.mixed_precision_param]  # what SDPA sees under FSDP or autocast
     deterministic = config.debug.deterministic and not config.debug.deterministic_warn_only

@@ -10,7 +10,7 @@ import os
 import torch
 
 from gamma_titan.errors import ConfigError
-from gamma_titan.inspect_model import resolve_model
+from gamma_titan.training.train_spec import resolve_model
 from gamma_titan.models.common.parallelize import FLOAT8_LINEAR
 
 

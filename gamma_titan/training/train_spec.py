@@ -2,7 +2,8 @@
 with the project's data (shard datasets, and TorchTitan's text loader for the others),
 tokenizer ("builtin"), metrics (metrics.jsonl, diagnostics), validator, and the family's
 optimizer builder followed by [optimizer] weight_decay_policy; registered with TorchTitan
-under the family's name, so TorchTitan's trainer and ours both build them."""
+under the family's name, so TorchTitan's trainer and ours both build them; and
+`resolve_model`, the registered spec and model args a config asks for."""
 
 import dataclasses
 
@@ -11,6 +12,7 @@ from torchtitan.protocols import train_spec as titan_train_spec
 from torchtitan.protocols.train_spec import TrainSpec
 
 from gamma_titan.data.loader import build_dataloader
+from gamma_titan.errors import ConfigError
 from gamma_titan.models import TRAIN_SPECS
 from gamma_titan.training.metrics import build_metrics_processor
 from gamma_titan.training.optimizer import with_weight_decay_policy
@@ -37,3 +39,21 @@ def register_families() -> None:
     for name, spec in TRAIN_SPECS.items():
         if name not in titan_train_spec._extra_train_specs:
             titan_train_spec.register_train_spec(name, with_our_components(spec))
+
+
+def resolve_model(job_config):
+    """(TrainSpec, model args with [model_args] and [gamma] applied) for a config."""
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    name, flavor = job_config.model.name, job_config.model.flavor
+    try:
+        spec = get_train_spec(name)
+    except (ValueError, ImportError):
+        from gamma_titan.models import TRAIN_SPECS
+
+        raise ConfigError(f"model.name = {name!r}: allowed {', '.join(TRAIN_SPECS)}") from None
+    if flavor not in spec.model_args:
+        raise ConfigError(f"model.flavor = {flavor!r}: allowed for {name}: {', '.join(spec.model_args)}")
+    args = spec.model_args[flavor]  # a fresh copy (Flavors)
+    args.update_from_config(job_config)
+    return spec, args

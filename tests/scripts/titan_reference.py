@@ -17,7 +17,7 @@ from torch.distributed.tensor import DTensor
 import gamma_titan  # noqa: F401  (the CPU fallback, before TorchTitan's trainer is imported)
 from gamma_titan.config import load_job_config
 from gamma_titan.init import canonical_name
-from gamma_titan.models.titan.moe import IntegerHistcByScatter
+from gamma_titan.models.common.moe import IntegerHistcByScatter
 from gamma_titan.training.main import single_process_env
 from gamma_titan.training.preflight import preflight
 

@@ -26,7 +26,7 @@ from common import (Variant, add_round_args, apply_quick, describe, device, head
                     paired_ratio, random_tokens)
 
 from gamma_titan.config import load_job_config  # noqa: E402
-from gamma_titan.inspect_model import resolve_model  # noqa: E402
+from gamma_titan.training.train_spec import resolve_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = {"dense": "configs/dense/debug.toml", "moe": "configs/moe/debug.toml",

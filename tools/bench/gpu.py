@@ -89,7 +89,7 @@ def register_reference(gamma_argv: list[str]) -> str:
     from torchtitan.protocols.train_spec import register_train_spec  # the knob-aware one gamma_titan registers
 
     from gamma_titan.config import load_job_config
-    from gamma_titan.inspect_model import resolve_model
+    from gamma_titan.training.train_spec import resolve_model
     from gamma_titan.models import TRAIN_SPECS
 
     sys.path.insert(0, str(Path(__file__).parent))

@@ -142,7 +142,7 @@ def train(setup: Setup, name: str, argv: list[str], deadline: float, on_poll=Non
 def resolve(argv: list[str]):
     """The model args a config (and flags) gives, without building anything."""
     from gamma_titan.config import load_job_config
-    from gamma_titan.inspect_model import resolve_model
+    from gamma_titan.training.train_spec import resolve_model
 
     config_file, *flags = argv
     return resolve_model(load_job_config(["--job.config_file", str(REPO / config_file), *flags]))

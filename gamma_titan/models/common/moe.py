@@ -1,10 +1,16 @@
 """Fine-grained mixture of experts: TorchTitan's MoE layer with our router.
 
 TorchTitan's `MoE` (grouped-GEMM experts, shared experts, the expert-parallel and
-load-balancing hooks that its parallel plans and optimizer expect) is reused as is. Its
-router and token reorderer count tokens per expert with `torch.histc` on int64, which
-CPU does not implement; ours count with an integer scatter-add, which works on every
-device, needs no device-host sync, and gives identical counts.
+load-balancing hooks that its parallel plans and optimizer expect) and its token reorderer
+are reused as they are. The router is ours: it routes in fp32, keeps the load counter
+moe_load_metrics reads, and hands the layer the scores for the auxiliary loss; it counts
+tokens per expert with `tokens_per_expert`.
+
+TorchTitan counts tokens per expert with `torch.histc` on the int64 expert indices, which
+the CPU does not implement ("histogram_cpu not implemented for 'Long'"). The one answer,
+for gamma_moe and for TorchTitan's own MoE models (models/titan/moe.py):
+`IntegerHistcByScatter`, scoped to TorchTitan's call off CUDA, counts the same integers
+with `tokens_per_expert`; on CUDA TorchTitan's code runs unchanged.
 
 Routing is token-choice top-k over sigmoid (or softmax) scores. Load balancing is
 DeepSeek-V3's pair:
@@ -26,9 +32,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch._subclasses.fake_tensor import is_fake
 from torch.distributed.tensor import DTensor
+from torch.overrides import TorchFunctionMode
 from torchtitan.models.moe import utils as moe_utils
 from torchtitan.models.moe.kernels import generate_permute_indices
-from torchtitan.models.moe.moe import GroupedExperts, MoE, MoEArgs, _run_experts_for_loop, _run_experts_grouped_mm
+from torchtitan.models.moe.moe import (GroupedExperts, MoE, MoEArgs, TokenReorderer, _run_experts_for_loop,
+                                       _run_experts_grouped_mm)
 from torchtitan.tools.utils import _round_up
 
 
@@ -38,6 +46,28 @@ def tokens_per_expert(expert_indices: torch.Tensor, num_experts: int) -> torch.T
     flat = expert_indices.reshape(-1)
     counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
     return counts.scatter_add_(0, flat, torch.ones_like(flat))
+
+
+class IntegerHistcByScatter(TorchFunctionMode):
+    """`torch.histc(indices, bins=E, min=0, max=E)` of integer indices, as TorchTitan calls
+    it (bins of width 1), counted by `tokens_per_expert`: the same counts, int64."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.histc and not args[0].is_floating_point():
+            bins = kwargs["bins"] if "bins" in kwargs else args[1]
+            return tokens_per_expert(args[0], bins)
+        return func(*args, **kwargs)
+
+
+class CountingReorderer(TokenReorderer):
+    """TorchTitan's TokenReorderer, with IntegerHistcByScatter off CUDA."""
+
+    def forward(self, top_scores: torch.Tensor, selected_experts_indices: torch.Tensor):
+        if selected_experts_indices.device.type == "cuda":
+            return super().forward(top_scores, selected_experts_indices)
+        with IntegerHistcByScatter():
+            return super().forward(top_scores, selected_experts_indices)
 
 
 def balance_loss(scores: torch.Tensor, counts: torch.Tensor, top_k: int) -> torch.Tensor:
@@ -112,18 +142,6 @@ class TokenChoiceRouter(CountsLoad, nn.Module):
         if self.aux_loss_coeff > 0 and torch.is_grad_enabled():
             self.routed = (scores, indices)  # the layer makes the sequence-wise loss of them
         return top * self.route_scale, indices, counts
-
-
-class TokenReorderer(nn.Module):
-    """Sort the (token, slot) pairs by expert, as GroupedExperts wants its input."""
-
-    def __init__(self, num_experts: int, top_k: int):
-        super().__init__()
-        self.num_experts, self.top_k = num_experts, top_k
-
-    def forward(self, top_scores: torch.Tensor, expert_indices: torch.Tensor):
-        order = torch.argsort(expert_indices.reshape(-1), stable=True)
-        return top_scores.reshape(-1)[order], order, tokens_per_expert(expert_indices, self.num_experts)
 
 
 @torch.no_grad()
@@ -236,7 +254,7 @@ class MoELayer(MoE):
             dim, moe_args.num_experts, moe_args.top_k, moe_args.score_func,
             moe_args.route_norm, moe_args.route_scale, aux_loss_coeff,
         )
-        self.reorderer = TokenReorderer(moe_args.num_experts, moe_args.top_k)
+        self.reorderer = CountingReorderer(moe_args.num_experts, moe_args.top_k)
         # The LM loss is a sum over tokens / the global token count (TorchTitan), so a
         # per-micro-batch mean aux loss is weighted by this micro-batch's share of the
         # global batch (set_micro_batch_share).

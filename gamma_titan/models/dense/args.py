@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from gamma_titan.init import GammaInit
 from gamma_titan.models.common.args import GammaArgs
 from gamma_titan.models.common.flavors import Flavors
-from gamma_titan.models.common.sdpa import AttentionShape
+from gamma_titan.models.common.sdpa_kernels import AttentionShape
 from gamma_titan.models.common.shapes import (
     HeadShape,
     check_heads,

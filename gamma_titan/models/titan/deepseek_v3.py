@@ -33,7 +33,7 @@ from torchtitan.protocols.train_spec import TrainSpec
 from gamma_titan.errors import ConfigError
 from gamma_titan.models.common.flavors import Flavors
 from gamma_titan.models.common.hf_layout import GAMMA_ARCHITECTURE, gamma_from_hf, gamma_to_hf
-from gamma_titan.models.common.sdpa import AttentionShape
+from gamma_titan.models.common.sdpa_kernels import AttentionShape
 
 from .hf import gamma_moe_config, package_reason
 from .knobs import GateProjection, TitanArgs, TitanKnobs, local, parallelize_gate_projections

@@ -2,35 +2,21 @@
 to report its expert load.
 
 TorchTitan's router and token reorderer count tokens per expert with `torch.histc` on
-the int64 expert indices, which CPU does not implement ("histogram_cpu not implemented
-for 'Long'"), and its experts take the bf16 grouped-GEMM path wherever the flavor asks
-for it (qwen3's; deepseek_v3 turns it off below SM90), a CPU included. On a CPU
-these subclasses count the same integers with a scatter-add (inside a TorchFunctionMode
-scoped to the call, so TorchTitan's routing code runs as written) and the experts run
-the exact fp32 loop; on CUDA they are TorchTitan's code path unchanged. The router also
-keeps the load counter moe_load_metrics reads (models/common/moe.py).
+the int64 expert indices, which CPU does not implement, and its experts take the bf16
+grouped-GEMM path wherever the flavor asks for it (qwen3's; deepseek_v3 turns it off below
+SM90), a CPU included. Off CUDA these subclasses run TorchTitan's routing code as written
+under models/common/moe.py's IntegerHistcByScatter (gamma_moe's answer too), and the
+experts run the exact fp32 loop; on CUDA they are TorchTitan's code path unchanged. The
+router also keeps the load counter moe_load_metrics reads (models/common/moe.py).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
-from torchtitan.models.moe.moe import MoE, MoEArgs, TokenChoiceTopKRouter, TokenReorderer
+from torchtitan.models.moe.moe import MoE, MoEArgs, TokenChoiceTopKRouter
 
-from gamma_titan.models.common.moe import CountsLoad, RoutedExperts, tokens_per_expert
-
-
-class IntegerHistcByScatter(TorchFunctionMode):
-    """`torch.histc(indices, bins=E, min=0, max=E)` of integer indices, as TorchTitan calls
-    it (bins of width 1), counted by scatter-add: the same counts, int64."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.histc and not args[0].is_floating_point():
-            bins = kwargs["bins"] if "bins" in kwargs else args[1]
-            return tokens_per_expert(args[0], bins)
-        return func(*args, **kwargs)
+from gamma_titan.models.common.moe import CountingReorderer, CountsLoad, IntegerHistcByScatter, RoutedExperts
 
 
 class CountingRouter(CountsLoad, TokenChoiceTopKRouter):
@@ -51,14 +37,6 @@ class CountingRouter(CountsLoad, TokenChoiceTopKRouter):
         with torch.no_grad():
             self.load += routed[2].to(self.load.dtype)
         return routed
-
-
-class CountingReorderer(TokenReorderer):
-    def forward(self, top_scores: torch.Tensor, selected_experts_indices: torch.Tensor):
-        if selected_experts_indices.device.type == "cuda":
-            return super().forward(top_scores, selected_experts_indices)
-        with IntegerHistcByScatter():
-            return super().forward(top_scores, selected_experts_indices)
 
 
 def make_cpu_capable(moe: MoE, moe_args: MoEArgs) -> None:
