@@ -17,8 +17,9 @@
     gamma-titan recipe list
 
 `train` checks the config here, then starts `torchrun -m gamma_titan.train` with N
-processes on this node (default: the number of GPUs, or 1 without one). For several
-nodes, call torchrun yourself with the same module (see the README).
+processes on this node (default: the number of GPUs, or 1 without one); one process trains
+in this one, as a world of one. For several nodes, call torchrun yourself with the same
+module (see the README).
 """
 
 from __future__ import annotations
@@ -61,9 +62,17 @@ def cmd_train(ns, overrides: list[str]) -> int:
     nproc = _default_nproc() if ns.nproc is None else ns.nproc
     argv = _config_argv(ns.config, overrides)
     config = load_job_config(argv)
-    preflight(config, world_size=nproc, local_world_size=nproc)  # fail here, before torchrun starts
+    spec, args = preflight(config, world_size=nproc, local_world_size=nproc)  # fail here, before torchrun starts
     from gamma_titan.training.launch import torchrun_command
+    from gamma_titan.training.run_record import LAUNCH_COMMAND_ENV
 
+    if nproc == 1:  # a world of one: this process trains (torchrun would only import everything again)
+        from gamma_titan.training.main import train
+
+        os.environ[LAUNCH_COMMAND_ENV] = " ".join(["gamma-titan", *sys.argv[1:]])
+        print("+ training in this process (one rank; with --nproc N > 1, torchrun starts N)", flush=True)
+        train(config, spec, args)
+        return 0
     command, env = torchrun_command(nproc, argv, config.gamma.reliability.stop_grace_seconds)
     print("+ " + " ".join(command), flush=True)
     os.execve(command[0], command, env)  # torchrun takes this process: SIGTERM reaches it directly

@@ -121,9 +121,10 @@ def test_startup_summary_does_not_draw_the_model_on_a_gpu_run(monkeypatch):
     import gamma_titan.inspect_model as inspect_module
     from gamma_titan.config import load_job_config
     from gamma_titan.training.main import startup_summary
+    from gamma_titan.training.train_spec import resolve_model
 
     config = load_job_config(["--job.config_file", str(REPO / "configs" / "dense" / "1.5B.toml")])
-    spec, args = inspect_module.resolve_model(config)
+    spec, args = resolve_model(config)
 
     def no_drawing(*args, **kwargs):
         raise AssertionError("the startup summary materialised weights on a GPU run")
@@ -136,7 +137,7 @@ def test_startup_summary_does_not_draw_the_model_on_a_gpu_run(monkeypatch):
     assert "tokens per step: 1,048,576" in text and "attention mha: SDPA kernel (stub)" in text
     monkeypatch.undo()
     debug = load_job_config(["--job.config_file", str(REPO / "configs" / "dense" / "debug.toml")])
-    spec, args = inspect_module.resolve_model(debug)
+    spec, args = resolve_model(debug)
     text = startup_summary(spec, args, debug, "cpu")
     assert "residual-flow ratio" in text and "attention mha: SDPA kernel flash_cpu" in text
 

@@ -119,16 +119,21 @@ SAVE_DELAY = 40  # seconds: more than torchrun's default 30 s between its SIGTER
 
 
 def test_sigterm_under_torchrun_survives_a_save_slower_than_30_seconds(tmp_path, builtin_assets):
-    """Hazard 3: `gamma-titan train` gives torchrun a --shutdown-timeout of the grace period
-    plus a margin, so a checkpoint that takes longer than torchrun's default 30 s to write
-    (as a 7B save does) still completes after SIGTERM, and the run resumes from it."""
+    """Hazard 3: the torchrun that `gamma-titan train` (and a recipe) starts gets a
+    --shutdown-timeout of the grace period plus a margin, so a checkpoint that takes longer
+    than torchrun's default 30 s to write (as a 7B save does) still completes after SIGTERM,
+    and the run resumes from it. (One rank, under torchrun: `--nproc 1` itself trains in
+    its own process, where no torchrun stands between SIGTERM and the save.)"""
+    from gamma_titan.training.launch import torchrun_command
+
     dump = tmp_path / "run"
     run = (*FAST, "--checkpoint.enable", "true", "--checkpoint.interval", "1000")
-    command = [sys.executable, "-m", "gamma_titan.cli", "train", str(DEBUG_TOML), "--nproc", "1",
-               "--job.dump_folder", str(dump), *run, "--training.steps", "400", *FAULT_INJECTION]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **faults(save_delay=SAVE_DELAY)}
+    argv = ["--job.config_file", str(DEBUG_TOML), "--job.dump_folder", str(dump), *run, "--training.steps", "400",
+            *FAULT_INJECTION]
+    command, env = torchrun_command(1, argv, 300.0)
+    env = {**env, "OMP_NUM_THREADS": "1", **faults(save_delay=SAVE_DELAY)}
     code, out = sigterm_after_three_steps(command, env, dump, tmp_path / "log.txt", timeout=SAVE_DELAY + 120)
-    assert "--shutdown-timeout=360" in out and f"waiting {SAVE_DELAY} s before .metadata" in out, out[-3000:]
+    assert "--shutdown-timeout=360" in command and f"waiting {SAVE_DELAY} s before .metadata" in out, out[-3000:]
     last = read_metrics(dump)[-1]["step"]
     assert complete_steps(dump) == ([last], []), out[-3000:]
     assert f"SIGTERM: checkpointed step {last}" in out

@@ -43,7 +43,7 @@ def test_the_groups_hold_exactly_the_expected_names(family, builtin_assets):
 
     model = TRAIN_SPECS[config.model.name].model_cls(args)
     dims = ParallelDims(dp_shard=1, dp_replicate=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1)
-    container = TRAIN_SPECS[config.model.name].build_optimizers_fn([model], config.optimizer, dims, None)
+    container = spec.build_optimizers_fn([model], config.optimizer, dims, None)  # the registered one
     [optimizer] = container.optimizers
     names = {id(p): n for n, p in model.named_parameters()}
     decayed, spared = ({names[id(p)] for p in g["params"]} for g in optimizer.param_groups)

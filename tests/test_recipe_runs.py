@@ -100,7 +100,7 @@ def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path, builtin_assets)
     done = recipe(str(path), "--scale", "tiny", "--steps", "8", "--seeds", "0", "--out", str(out), "--jobs", "2", *QUICK,
                   env=faults(kill_at_step=3))
     assert done.returncode == 1
-    assert re.search(r"custom_importfault_injection_s0: FAILED \(exit \d+\)", done.stdout), done.stdout
+    assert re.search(r"custom_importfault_injection_s0: FAILED \(exit -?\d+\)", done.stdout), done.stdout
     assert "custom_importgamma_titan_s0: finished" in done.stdout and "1 of 2 runs failed" in done.stdout
     report = (out / "report" / "report.md").read_text()
     assert "1 of 2 runs finished" in report and "failed (exit" in report

@@ -1,4 +1,5 @@
-"""Run a recipe's runs on this machine, one torchrun each (what `gamma-titan train` starts).
+"""Run a recipe's runs on this machine, each as `gamma-titan train` starts it (torchrun for
+several ranks, the trainer itself for one).
 
 A run's folder is its dump folder. A run counts as finished when its metrics.jsonl has
 reached its last step, so a rerun skips it; a failed run is reported and the others go on.
@@ -62,10 +63,10 @@ class _Children:
 
 
 def _train(run: PlannedRun, run_dir: Path, threads: int | None, children: _Children) -> tuple[int, float]:
-    from gamma_titan.training.launch import torchrun_command
+    from gamma_titan.training.launch import train_command
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    command, env = torchrun_command(run.gpus_per_node, run.argv(run_dir), run.stop_grace_seconds, threads)
+    command, env = train_command(run.gpus_per_node, run.argv(run_dir), run.stop_grace_seconds, threads)
     start = time.monotonic()
     with open(run_dir / LOG_FILE, "a", encoding="utf-8") as log:  # a rerun appends
         log.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(command)}\n")

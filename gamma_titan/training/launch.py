@@ -75,6 +75,18 @@ def shutdown_warning(grace_seconds: float) -> str | None:
             f"(gamma.reliability.stop_grace_seconds = {grace_seconds:g}) loses its checkpoint; torch 2.13 has the flag")
 
 
+def train_command(nproc: int, argv: list[str], grace_seconds: float,
+                  threads: int | None = None) -> tuple[list[str], dict[str, str]]:
+    """`torchrun_command` for several ranks; one rank is `python -m gamma_titan.train argv`
+    itself (a world of one, the same environment, without torchrun's own start-up)."""
+    if nproc > 1:
+        return torchrun_command(nproc, argv, grace_seconds, threads)
+    env = {**os.environ, LAUNCH_COMMAND_ENV: " ".join(["gamma-titan", *sys.argv[1:]])}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return [sys.executable, "-m", "gamma_titan.train", *argv], env
+
+
 def torchrun_command(nproc: int, argv: list[str], grace_seconds: float,
                      threads: int | None = None) -> tuple[list[str], dict[str, str]]:
     """torchrun with `nproc` ranks running `gamma_titan.train argv`, and its environment:

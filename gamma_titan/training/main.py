@@ -92,8 +92,6 @@ def run(config) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from torchtitan.tools.logging import init_logger, logger
-
     argv = sys.argv[1:] if argv is None else argv
     try:
         config = load_job_config(argv)
@@ -101,6 +99,15 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    train(config, spec, args)
+
+
+def train(config, spec, args) -> None:
+    """Train a config that pre-flight has passed (`spec`, `args`: what it returned), in this
+    process: one rank of torchrun's world, or a world of one (`gamma-titan train --nproc 1`
+    calls this directly). Exits 3 when the step guard stops the run."""
+    from torchtitan.tools.logging import init_logger, logger
+
     single_process_env()
     init_logger()
     if int(os.environ.get("RANK", "0")) == 0:

@@ -89,20 +89,14 @@ def register_reference(gamma_argv: list[str]) -> str:
     from torchtitan.protocols.train_spec import register_train_spec  # the knob-aware one gamma_titan registers
 
     from gamma_titan.config import load_job_config
-    from gamma_titan.training.train_spec import resolve_model
-    from gamma_titan.models import TRAIN_SPECS
+    from gamma_titan.training.train_spec import resolve_model, with_our_components
 
     sys.path.insert(0, str(Path(__file__).parent))
     from reference import llama3_args
 
     _, args = resolve_model(load_job_config(gamma_argv))
-    ours = TRAIN_SPECS["gamma_dense"]
-    spec = dataclasses.replace(
-        torchtitan_llama3_spec(), model_args={"same_shape": llama3_args(args)},
-        build_dataloader_fn=ours.build_dataloader_fn, build_tokenizer_fn=ours.build_tokenizer_fn,
-        build_metrics_processor_fn=ours.build_metrics_processor_fn, build_validator_fn=ours.build_validator_fn,
-    )
-    register_train_spec(REFERENCE_MODEL, spec)
+    spec = dataclasses.replace(torchtitan_llama3_spec(), model_args={"same_shape": llama3_args(args)})
+    register_train_spec(REFERENCE_MODEL, with_our_components(spec))
     return "same_shape"
 
 
