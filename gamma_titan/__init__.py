@@ -1,20 +1,19 @@
 """gamma-titan: TorchTitan pretraining with γ-initialisation, a small RMSNorm ε and gated
 attention ("Small Initialization Matters for Large Language Models").
 
-Importing the package prepares TorchTitan for the machine (CPU fallback, see
-`gamma_titan.cpu_fallback`), and registers the model families' TrainSpecs with TorchTitan
-(`gamma_titan.training.train_spec`) and the built-in datasets. It must be imported before
-`torchtitan` on a machine without a GPU.
+Importing the package imports nothing heavy (so `gamma-titan --help` answers at once). It
+installs one import hook: on a machine without an accelerator, TorchTitan's device
+detection, which runs when `torchtitan.tools.utils` is first imported and binds its device
+for good, is made to answer "cpu" (`gamma_titan.cpu_fallback`). So gamma_titan must be
+imported before torchtitan; any later import of torchtitan, anywhere, gets the CPU.
+
+The model families and datasets are registered with TorchTitan by
+`gamma_titan.training.train_spec` (imported by everything that trains or resolves a model;
+TorchTitan's own trainer takes it as `--experimental.custom_import gamma_titan.training.train_spec`).
 """
 
-from gamma_titan import cpu_fallback
+from gamma_titan.cpu_fallback import install_import_hook
 
-cpu_fallback.apply()
-
-from gamma_titan.data.registry import register_datasets  # noqa: E402
-from gamma_titan.training.train_spec import register_families  # noqa: E402
-
-register_families()
-register_datasets()
+install_import_hook()
 
 __version__ = "0.1.0"

@@ -166,7 +166,8 @@ def cmd_eval(ns, overrides: list[str]) -> int:
         raise ConfigError(f"unknown arguments: {' '.join(overrides)}")
     out = evaluation.run(ns.hf_dir, ns.tasks or [], local_tasks=ns.local_task or [], paper_suite=ns.paper_suite,
                          include_path=ns.include_path, limit=ns.limit, num_fewshot=ns.num_fewshot,
-                         batch_size=ns.batch_size, out=ns.out, overwrite=ns.overwrite, device=ns.device)
+                         batch_size=ns.batch_size, out=ns.out, overwrite=ns.overwrite,
+                         device=ns.device or ("cuda" if _cuda() else "cpu"))
     print(out)
     return 0
 
@@ -292,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--limit", type=number(0), help="at most this many examples per task (or a fraction)")
     ev.add_argument("--num-fewshot", type=count(0))
     ev.add_argument("--batch-size", type=count(1), default=8)
-    ev.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    ev.add_argument("--device", help="cuda or cpu (default: cuda where there is one)")
     ev.add_argument("--out", help="results JSON (default HF_DIR/eval/results.json); compare: markdown file")
     ev.add_argument("--labels", nargs=2, help="compare: column names for the two runs")
     ev.add_argument("--overwrite", action="store_true", help="replace an existing --out")

@@ -2,8 +2,10 @@
 
 TorchTitan decides its device at import time (`torchtitan.tools.utils.get_device_info`
 falls back to "cuda" when no accelerator is found) and several of its modules bind
-`device_type` / `device_module` when they are imported. So this module must run before
-any `torchtitan` import; `gamma_titan/__init__.py` calls `apply()` first thing.
+`device_type` / `device_module` when they are imported. `gamma_titan/__init__.py` installs
+an import hook (`install_import_hook`): when `torchtitan.tools.utils` is first imported,
+from anywhere, its module body runs with detection answering "cpu" where no accelerator
+is found. Nothing here imports torch before then.
 
 On a machine with CUDA nothing here changes anything: TorchTitan's normal path (NCCL,
 CUDA memory stats, ...) is used as is. Without one:
@@ -17,20 +19,29 @@ CUDA memory stats, ...) is used as is. Without one:
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
+import importlib.machinery
 import os
 import platform
 import resource
 import sys
 import types
 
-import torch
-
-_applied = False
+#: The TorchTitan module whose import detects the device.
+DEVICE_MODULE = "torchtitan.tools.utils"
 
 
 def accelerator_available() -> bool:
     """True when TorchTitan's own device detection would find a real device."""
+    import torch
+
     return torch._utils._get_available_device_type() is not None
+
+
+def _torch_cpu():
+    import torch
+
+    return torch.cpu
 
 
 class _CpuDeviceModule(types.ModuleType):
@@ -43,7 +54,7 @@ class _CpuDeviceModule(types.ModuleType):
         super().__init__("gamma_titan.cpu_fallback.cpu")
 
     def __getattr__(self, name: str):
-        return getattr(torch.cpu, name)
+        return getattr(_torch_cpu(), name)
 
     @staticmethod
     def get_device_name(device=None) -> str:
@@ -85,6 +96,8 @@ cpu_device_module = _CpuDeviceModule()
 @contextlib.contextmanager
 def _detect_cpu():
     """While TorchTitan's device detection runs, make it answer 'cpu'."""
+    import torch
+
     saved = torch._utils._get_available_device_type, torch._utils._get_device_module
     torch._utils._get_available_device_type = lambda: "cpu"
     torch._utils._get_device_module = (
@@ -98,18 +111,43 @@ def _detect_cpu():
         torch._utils._get_available_device_type, torch._utils._get_device_module = saved
 
 
-def apply() -> None:
-    """Idempotent. Must run before the first `import torchtitan`."""
-    global _applied
-    if _applied or accelerator_available():
-        _applied = True
+class _CpuDetectingLoader(importlib.abc.Loader):
+    """TorchTitan's device module's own loader, run inside `_detect_cpu`."""
+
+    def __init__(self, loader) -> None:
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        with _detect_cpu():
+            self.loader.exec_module(module)
+        assert module.device_type == "cpu"
+
+
+class _DeviceHook(importlib.abc.MetaPathFinder):
+    """Finds DEVICE_MODULE as the path finder does, with its loader wrapped, once, on a
+    machine without an accelerator."""
+
+    def find_spec(self, name, path, target=None):
+        if name != DEVICE_MODULE:
+            return None
+        sys.meta_path.remove(self)  # once: later imports are TorchTitan's as they are
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is not None and not accelerator_available():
+            spec.loader = _CpuDetectingLoader(spec.loader)
+        return spec
+
+
+def install_import_hook() -> None:
+    """Idempotent. Raises if TorchTitan's device was detected already, without us, on a
+    machine without an accelerator."""
+    if any(isinstance(f, _DeviceHook) for f in sys.meta_path):
         return
-    if "torchtitan.tools.utils" in sys.modules:
-        raise RuntimeError(
-            "gamma_titan must be imported before torchtitan on a machine without an "
-            "accelerator (TorchTitan fixes its device type at import time)"
-        )
-    with _detect_cpu():
-        import torchtitan.tools.utils as titan_utils  # noqa: F401  (binds device_type="cpu")
-    assert titan_utils.device_type == "cpu"
-    _applied = True
+    if DEVICE_MODULE in sys.modules:
+        if sys.modules[DEVICE_MODULE].device_type != "cpu" and not accelerator_available():
+            raise RuntimeError("gamma_titan must be imported before torchtitan on a machine without an "
+                               "accelerator (TorchTitan fixes its device type at import time)")
+        return
+    sys.meta_path.insert(0, _DeviceHook())

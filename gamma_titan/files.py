@@ -12,6 +12,12 @@ TOKENIZER_FILE = "tokenizer.json"
 #: A run's scalars, one JSON object per logged step, in job.dump_folder (training/metrics.py).
 METRICS_FILE = "metrics.jsonl"
 
+#: A run's log, rank 0's lines without colour codes, in job.dump_folder (training/console.py).
+RUN_LOG_FILE = "train.log"
+
+#: What a recipe run's process printed (its log lines, and any traceback), in its run folder.
+CONSOLE_LOG_FILE = "console.log"
+
 #: A checkpoint folder's record of the model its steps hold (convert/model_record.py).
 MODEL_FILE = "model.json"
 

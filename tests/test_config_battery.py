@@ -22,6 +22,12 @@ BATTERY = [
     (DENSE, ["--gamma.norm_eps", "0"], 1, "gamma.norm_eps = 0.0: must be a number > 0"),
     (DENSE, ["--gamma.attention_gate", "bogus"], 1,
      "gamma.attention_gate = 'bogus': allowed none, headwise, elementwise"),
+    (DENSE, ["--gamma.attention_gate", "None"], 1,
+     "gamma.attention_gate = 'None': allowed none, headwise, elementwise (None is not none: it would keep the "
+     "config's value)"),
+    (DENSE, ["--gamma.attention_gate=None"], 1,
+     "gamma.attention_gate = 'None': allowed none, headwise, elementwise (None is not none: it would keep the "
+     "config's value)"),
     (DENSE, ["--gamma.init_truncation", "-1"], 1, "gamma.init_truncation = -1.0: must be >= 0 (0 = no truncation)"),
     (DENSE, ["--gamma.init_rate_overrides.output", "9"], 1,
      "gamma.init_rate_overrides.output = 9.0: must be a number in (0, 4]"),

@@ -52,11 +52,11 @@ def param_counts(args) -> dict[str, int]:
     return counts
 
 
-def readme_total(model: str, flavor: str) -> tuple[float, float]:
-    """The total parameter count README.md's flavor table lists for (model, flavor), and half
-    a unit of its last digit: ("5.3M" -> (5.3e6, 0.05e6)). Rows like "tiny-32 / -48" list
-    several flavors."""
-    header = "| params (elementwise gate) |" if model == "gamma_dense" else "| total |"
+def readme_total(model: str, flavor: str, header: str | None = None) -> tuple[float, float]:
+    """The number README.md's flavor table lists for (model, flavor) in the column `header`
+    (default: the total parameter count), and half a unit of its last digit: ("5.3M" ->
+    (5.3e6, 0.05e6), "0.27" -> (0.27, 0.005)). Rows like "tiny-32 / -48" list several flavors."""
+    header = header or ("| params (elementwise gate) |" if model == "gamma_dense" else "| total |")
     lines = (REPO / "README.md").read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("| flavor |") and header in line)
     column = [c.strip() for c in lines[start].strip("|").split("|")].index(header.strip("| "))
@@ -68,7 +68,7 @@ def readme_total(model: str, flavor: str) -> tuple[float, float]:
         names = [names[0]] + [names[0].rsplit("-", 1)[0] + n if n.startswith("-") else n for n in names[1:]]
         if flavor in names:
             text = cells[column].split(" / ")[names.index(flavor)]
-            number, unit = text[:-1], {"k": 1e3, "M": 1e6, "B": 1e9}[text[-1]]
+            number, unit = (text[:-1], {"k": 1e3, "M": 1e6, "B": 1e9}[text[-1]]) if text[-1].isalpha() else (text, 1)
             decimals = len(number.partition(".")[2])
             return float(number) * unit, 0.5 * 10 ** -decimals * unit
     raise AssertionError(f"README.md lists no {model} flavor {flavor!r}")
@@ -113,6 +113,20 @@ def test_config_passes_preflight(path: Path, builtin_assets):
     assert abs(report["n_params"] - listed) <= half_digit, (report["n_params"], listed)  # the README's rounding
     assert config.gamma.init_rate == 1.0 and config.gamma.norm_eps == 1e-12
     assert config.gamma.attention_gate == "elementwise"
+
+
+MOE_FLAVORS = list(TRAIN_SPECS["gamma_moe"].model_args)
+
+
+@pytest.mark.parametrize("flavor", MOE_FLAVORS)
+def test_the_moe_table_lists_inspects_active_parameters_and_flops(flavor):
+    """README's MoE table: the active column is `active_params` (what inspect prints), the
+    GFLOP/token column the training FLOPs at seq 2048, each to its printed rounding."""
+    args = TRAIN_SPECS["gamma_moe"].model_args[flavor]
+    active, half = readme_total("gamma_moe", flavor, "| active (`active_params`) |")
+    assert abs(args.active_params() - active) <= half, (args.active_params(), active)
+    gflop, half = readme_total("gamma_moe", flavor, "| GFLOP/token (seq 2048) |")
+    assert abs(args.flops_per_token(2048) / 1e9 - gflop) <= half, (args.flops_per_token(2048) / 1e9, gflop)
 
 
 PAPER = [p for p in CONFIGS if not p.stem.startswith(("debug", "tiny", "gpu"))]  # gpu: the recipes' one-GPU scale

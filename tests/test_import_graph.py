@@ -125,6 +125,7 @@ def test_no_import_cycles():
 MAY_IMPORT = {
     "errors": set(),
     "files": set(),
+    "progress": set(),
     "init": {"errors"},
     "data": {"errors", "files"},
     "models": {"errors", "files", "init"},
@@ -132,9 +133,11 @@ MAY_IMPORT = {
     "config": {"data", "errors", "files", "init", "models"},
     "convert": {"data", "errors", "files", "init", "models"},
     "reports": {"convert", "data", "diagnostics", "errors", "files", "init", "models"},
-    "training": {"config", "convert", "data", "diagnostics", "errors", "files", "init", "inspect_model", "models"},
+    "training": {"config", "convert", "data", "diagnostics", "errors", "files", "init", "inspect_model", "models",
+                 "progress"},
     "inspect_model": {"diagnostics", "errors", "init", "models", "training"},
-    "recipes": {"config", "data", "diagnostics", "errors", "files", "init", "models", "reports", "training"},
+    "recipes": {"config", "data", "diagnostics", "errors", "files", "init", "models", "progress", "reports",
+                "training"},
 }
 
 

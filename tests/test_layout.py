@@ -41,6 +41,10 @@ def test_the_readme_layout_lists_the_package_as_it_is():
     for line in lines[end:]:  # the top-level folders of the repository
         if not line.startswith(" "):
             assert (REPO / line.split()[0]).exists(), line
+    tools = lines[lines.index(next(line for line in lines if line.startswith("tools/"))) + 1:]
+    tools = tools[:next((i for i, line in enumerate(tools) if not line.startswith(" ")), len(tools))]
+    assert listed(tools, 2) == {p.name + ("/" if p.is_dir() else "") for p in (REPO / "tools").iterdir()
+                                if p.name != "__pycache__"}
 
 
 def module_list(package: str) -> set[str]:

@@ -58,6 +58,10 @@ def test_tiny_gate_ablation_reports_each_cell_over_its_seeds(ablation):
             assert f"init_rate = {gamma}" in config and f'attention_gate = "{gate}"' in config
             assert re.search(rf"^seed = {seed}$", config, re.M) and config.count(f"seed = {seed}") >= 2
     assert val["g1_gatenone"][0] != val["g1_gatenone"][1]  # the seeds differ
+    # progress as the runs finish: runs done / total, with an ETA from the planned compute left
+    assert re.search(r"runs done: 1/8 \(12%\), \d+:\d\d elapsed, ETA \d+:\d\d", stdout), stdout
+    assert re.search(r"runs done: 8/8 \(100%\), \d+:\d\d elapsed, ETA 0:00", stdout), stdout
+    assert (out / "g1_gatenone_s0" / "train.log").is_file() and (out / "g1_gatenone_s0" / "console.log").is_file()
     pivot = report.split("**final validation loss**")[1].split("\n\n**")[0]
     assert "(mean ± std over 2 seeds; Δ ± 2 SE, * beyond the noise)" in pivot
     for gamma, cells in ((0.5, ("g0.5_gatenone", "g0.5_gateelementwise")), (1, ("g1_gatenone", "g1_gateelementwise"))):

@@ -250,6 +250,22 @@ def test_slurm_without_sbatch_fails_before_writing(builtin_assets, tmp_path, mon
     assert not out.exists()
 
 
+def test_the_readmes_dry_run_commands_run(builtin_assets, tmp_path, capsys):
+    """Every `gamma-titan recipe run ... --dry-run` line of the README, as written (with an
+    --out of its own), plans and exits 0."""
+    import shlex
+
+    from gamma_titan.cli import main
+
+    lines = [line.split("#")[0] for line in (REPO / "README.md").read_text(encoding="utf-8").splitlines()
+             if line.startswith("gamma-titan recipe run ") and "--dry-run" in line]
+    assert lines
+    for i, line in enumerate(lines):
+        with pytest.raises(SystemExit) as exit_:
+            main([*shlex.split(line)[1:], "--out", str(tmp_path / f"out-{i}")])
+        assert exit_.value.code == 0, (line, capsys.readouterr().err)
+
+
 def test_bad_input_is_one_line_before_anything_is_written(builtin_assets, tmp_path, capsys):
     from gamma_titan.cli import main
 

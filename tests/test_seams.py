@@ -6,13 +6,14 @@ function or attribute at run time."""
 import ast
 import inspect
 
-import gamma_titan  # noqa: F401  (first: it prepares TorchTitan for the CPU and registers the families)
+import gamma_titan  # noqa: F401  (first: TorchTitan's device detection answers "cpu" here)
 from torchtitan.components.validate import Validator
 from torchtitan.hf_datasets.text_datasets import build_text_dataloader
 from torchtitan.protocols.train_spec import get_train_spec
 
 from gamma_titan.data.loader import build_dataloader
 from gamma_titan.models import TRAIN_SPECS
+from gamma_titan.training import train_spec  # noqa: F401  (registers the families)
 from gamma_titan.training.validator import GammaValidator, build_validator
 from helpers import REPO
 

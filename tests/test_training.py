@@ -20,12 +20,17 @@ DEBUG_RUN = ("--metrics.log_freq", "1", "--validation.freq", "30", "--validation
 
 
 @pytest.fixture(scope="module")
-def debug_run(tmp_path_factory, builtin_assets):
+def debug_run_console(tmp_path_factory, builtin_assets):
     """30 steps of configs/dense/debug.toml (γ = 1, elementwise gate), diagnostics every
-    10 steps, a checkpoint every 10 steps (all kept)."""
+    10 steps, a checkpoint every 10 steps (all kept); the run folder and what it printed."""
     dump = tmp_path_factory.mktemp("debug") / "run"
-    run_trainer(dump, *DEBUG_RUN, "--training.steps", "30")
-    return dump
+    proc = run_trainer(dump, *DEBUG_RUN, "--training.steps", "30")
+    return dump, proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def debug_run(debug_run_console):
+    return debug_run_console[0]
 
 
 def expected_diagnostics_tags() -> set[str]:
@@ -61,6 +66,33 @@ def test_debug_run_loss_falls_and_logs(debug_run):
     assert val[-1]["val_loss"] < val[0]["val_loss"]
     events = list((dump / "tb").rglob("events.out.tfevents.*"))
     assert events and events[0].stat().st_size > 0
+
+
+def test_a_run_says_where_everything_is(debug_run_console):
+    """The run folder's train.log (rank 0, no colour codes) holds every step with its
+    progress and ETA; the last lines name the checkpoint, metrics and TensorBoard folders and
+    the commands that resume and convert the run; metrics.jsonl has elapsed and ETA; on a
+    CPU TorchTitan's peak-FLOPs lines give way to one that says what mfu means here, and
+    the warnings that mean nothing here are gone."""
+    debug_run, console = debug_run_console
+    log = (debug_run / "train.log").read_text(encoding="utf-8")
+    assert "\x1b[" not in log
+    assert "step 1/30 (3%), " in log and "ETA -" in log and "step 30/30 (100%), " in log
+    assert "lspci" not in log and "Peak flops undefined" not in log
+    assert log.count("mfu: measured against an A100's peak FLOPs") == 1
+    tail = log.splitlines()[-7:]
+    assert any(f"run folder: {debug_run.resolve()}" in line for line in tail), tail
+    assert any(f"last checkpoint: {debug_run.resolve() / 'checkpoint' / 'step-30'}" in line for line in tail)
+    assert any("resume (or extend it with a larger --training.steps): " in line and "gamma_titan.train" in line
+               for line in tail)
+    assert any(f"convert to-hf {debug_run.resolve() / 'checkpoint' / 'step-30'}" in line for line in tail)
+    assert any(f"tensorboard --logdir {debug_run.resolve() / 'tb'}" in line for line in tail)
+    records = read_metrics(debug_run)
+    assert "eta_s" not in records[0] and records[0]["elapsed_s"] >= 0
+    assert records[-1]["eta_s"] == 0 and records[-1]["elapsed_s"] >= records[1]["elapsed_s"] > 0
+    assert 0 < records[10]["eta_s"]
+    for noise in ("lspci", "Peak flops undefined", "In CPU autocast", "set_vital"):
+        assert noise not in console, noise
 
 
 def test_logged_tflops_use_the_models_flops_per_token(debug_run):

@@ -11,12 +11,25 @@ TorchTitan merges these dataclasses into its own JobConfig (`job.custom_config_m
 key and value it can without starting anything, so bad input ends in one `ConfigError`
 line that names the key.
 
-Modules: `schema` (the tables), `checks` (their values), `parse` (`load_job_config`).
+Modules: `schema` (the tables), `checks` (their values), `titan_keys` (TorchTitan's own
+keys), `flags` (our command line's value types), `parse` (`load_job_config`). The names
+below are imported on first use, so that `flags` (the CLI's) costs no import of torch.
 """
 
-from .checks import check_gamma
-from .parse import CONFIG_MODULE, load_job_config
-from .schema import Data, Diagnostics, Gamma, InitRateOverrides, JobConfig, ModelArgsOverrides, Reliability
+import importlib
 
-__all__ = ["CONFIG_MODULE", "Data", "Diagnostics", "Gamma", "InitRateOverrides", "JobConfig",
-           "ModelArgsOverrides", "Reliability", "check_gamma", "load_job_config"]
+_EXPORTS = {
+    "check_gamma": "checks",
+    "CONFIG_MODULE": "parse", "load_job_config": "parse",
+    "Data": "schema", "Diagnostics": "schema", "Gamma": "schema", "InitRateOverrides": "schema",
+    "JobConfig": "schema", "ModelArgsOverrides": "schema", "Reliability": "schema",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value

@@ -94,10 +94,13 @@ def _normalise_cli(cls, argv: list[str]) -> list[str]:
                 break
         value = inline or (argv[i] if i < len(argv) and not inline else "")
         key = ".".join(parts)
+        choices = _literal_choices(kind)
+        if value == "None" and choices and "none" in choices:  # "None" would unset it: the config's choice stays
+            raise ConfigError(f"{key} = 'None': allowed {', '.join(map(str, choices))} (None is not none: it would "
+                              "keep the config's value)")
         if value == "None" and type(None) in typing.get_args(kind):  # unset an optional key
             out.append(arg)
             continue
-        choices = _literal_choices(kind)
         if choices is not None and value not in choices:
             raise ConfigError(f"{key} = {value!r}: allowed {', '.join(map(str, choices))}")
         number = _number_type(kind)

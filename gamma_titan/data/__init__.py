@@ -13,5 +13,5 @@ Modules (import the one you need; this package imports nothing on its own):
   shard_sources   -- a job config's shard datasets -> their folders, weights and sample sequence
   rank_batches    -- one data-parallel rank's local batches of that sequence, checkpointable
   registry        -- register "hf" with TorchTitan; check any dataset choice before training
-  loader          -- the dataloaders and validator TorchTitan's Trainer gets; the probe batch
+  loader          -- the dataloaders TorchTitan's Trainer and our validator get; the probe batch
 """

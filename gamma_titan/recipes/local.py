@@ -18,10 +18,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from gamma_titan.files import CONSOLE_LOG_FILE
+from gamma_titan.progress import Eta, progress_line
 from gamma_titan.recipes.plan import PlannedRun
 from gamma_titan.reports.run_metrics import read_metrics
-
-LOG_FILE = "train.log"
 
 
 def is_finished(run_dir: Path, steps: int) -> bool:
@@ -68,7 +68,7 @@ def _train(run: PlannedRun, run_dir: Path, threads: int | None, children: _Child
     run_dir.mkdir(parents=True, exist_ok=True)
     command, env = train_command(run.gpus_per_node, run.argv(run_dir), run.stop_grace_seconds, threads)
     start = time.monotonic()
-    with open(run_dir / LOG_FILE, "a", encoding="utf-8") as log:  # a rerun appends
+    with open(run_dir / CONSOLE_LOG_FILE, "a", encoding="utf-8") as log:  # a rerun appends
         log.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(command)}\n")
         log.flush()
         proc = children.start(command, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -94,6 +94,9 @@ def run_local(runs: list[PlannedRun], out: Path, jobs: int = 1) -> dict[str, dic
             todo.append(run)
     threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
     children = _Children()
+    # The ETA weighs each run by its planned compute (a 1.5B run counts for more than a 0.1B).
+    weight = {run.name: run.gpu_hours or run.steps for run in todo}
+    eta, done, lock = Eta(sum(weight.values())), [0.0, 0], threading.Lock()
 
     def one(item: tuple[int, PlannedRun]) -> None:
         i, run = item
@@ -105,7 +108,13 @@ def run_local(runs: list[PlannedRun], out: Path, jobs: int = 1) -> dict[str, dic
         else:
             status[run.name] = {"status": f"failed (exit {code})", "seconds": round(seconds, 1)}
             print(f"  [{i}/{len(todo)}] {run.name}: FAILED (exit {code}) after {seconds:.0f} s; "
-                  f"see {out / run.name / LOG_FILE}", flush=True)
+                  f"see {out / run.name / CONSOLE_LOG_FILE}", flush=True)
+        with lock:
+            done[0] += weight[run.name]
+            done[1] += 1
+            elapsed, left = eta.update(done[0])
+            line = progress_line(done[1], len(todo), elapsed, left, unit="runs done:")
+            print(f"  {line}", flush=True)
 
     def on_sigterm(signum, frame):
         raise KeyboardInterrupt

@@ -11,7 +11,8 @@
   step_guard    the non-finite step guard and loss spikes ([gamma.reliability])
   graceful_stop SIGTERM: finish the step, checkpoint it, exit 0 (or 143 after the grace period)
   checkpoint_folders  which checkpoints a folder holds; keep-last-K over complete ones only
-  metrics       metrics.jsonl and TensorBoard: TorchTitan's logs plus diagnostics and MoE load
+  metrics       metrics.jsonl and TensorBoard: TorchTitan's logs plus diagnostics, MoE load, progress
+  console       train.log in the run folder, colour only for a terminal, CPU noise, the last lines
   run_record    the resolved config, versions and command of each run
   launch        torchrun and SLURM settings (shutdown timeout, stop grace)
 """

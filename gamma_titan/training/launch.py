@@ -81,7 +81,7 @@ def train_command(nproc: int, argv: list[str], grace_seconds: float,
     itself (a world of one, the same environment, without torchrun's own start-up)."""
     if nproc > 1:
         return torchrun_command(nproc, argv, grace_seconds, threads)
-    env = {**os.environ, LAUNCH_COMMAND_ENV: " ".join(["gamma-titan", *sys.argv[1:]])}
+    env = {**os.environ, LAUNCH_COMMAND_ENV: " ".join(["gamma-titan", *sys.argv[1:]]), "PYTHONUNBUFFERED": "1"}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     return [sys.executable, "-m", "gamma_titan.train", *argv], env
@@ -93,12 +93,14 @@ def torchrun_command(nproc: int, argv: list[str], grace_seconds: float,
     the user's command for the run record, and the CPU threads split between the ranks
     (or `threads` each). `grace_seconds`: the run's gamma.reliability.stop_grace_seconds."""
     command = [
-        sys.executable, "-m", "torch.distributed.run",
+        sys.executable, "-u", "-m", "torch.distributed.run",  # -u: a redirected log grows line by line
         "--standalone", f"--nproc_per_node={nproc}", *shutdown_flags(grace_seconds),
         "--local-ranks-filter", "0", "--role", "rank", "--tee", "3",
         "-m", "gamma_titan.train", *argv,
     ]
-    env = {**os.environ, LAUNCH_COMMAND_ENV: " ".join(["gamma-titan", *sys.argv[1:]])}
+    env = {**os.environ, LAUNCH_COMMAND_ENV: " ".join(["gamma-titan", *sys.argv[1:]]), "PYTHONUNBUFFERED": "1"}
+    if sys.stdout.isatty():  # the workers write to torchrun's pipe: tell them a terminal reads it
+        env.setdefault("FORCE_COLOR", "1")
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     elif nproc > 1 and "OMP_NUM_THREADS" not in env:

@@ -107,16 +107,20 @@ def train(config, spec, args) -> None:
     process: one rank of torchrun's world, or a world of one (`gamma-titan train --nproc 1`
     calls this directly). Exits 3 when the step guard stops the run."""
     from torchtitan.tools.logging import init_logger, logger
+    from torchtitan.tools.utils import device_type
+
+    from gamma_titan.training import console
+    from gamma_titan.training.run_record import LAUNCH_COMMAND_ENV
 
     single_process_env()
     init_logger()
-    if int(os.environ.get("RANK", "0")) == 0:
+    rank = int(os.environ.get("RANK", "0"))
+    log_file = console.set_up(config, device_type, rank)
+    if rank == 0:
         from gamma_titan.training.run_record import write_run_record
 
         record = write_run_record(config, world_size_from_env())
-        logger.info(f"run record (resolved config, versions, command): {record}")
-        from torchtitan.tools.utils import device_type
-
+        logger.info(f"log: {log_file}; run record (resolved config, versions, command): {record}")
         summary = startup_summary(spec, args, config, device_type)
         logger.info("gamma-titan model at init:\n" + summary)
         for line in summary.splitlines():  # the math attention kernel, an ε-dominated norm
@@ -133,3 +137,6 @@ def train(config, spec, args) -> None:
         logger.error(str(e))
         print(f"error: {e}", file=sys.stderr)
         sys.exit(3)
+    if rank == 0:
+        for line in console.ending(config, os.environ.get(LAUNCH_COMMAND_ENV)):
+            logger.info(line)

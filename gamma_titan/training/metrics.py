@@ -27,6 +27,7 @@ from torchtitan.tools.logging import logger
 
 from gamma_titan.diagnostics.live import cosine_image, diagnostics_due
 from gamma_titan.files import METRICS_FILE
+from gamma_titan.progress import Eta, progress_line
 
 
 # TorchTitan's key -> our short name.
@@ -41,6 +42,8 @@ _SHORT_NAMES = {
     "n_tokens_seen": "tokens_seen",
     "memory/max_reserved(GiB)": "memory_gib",
     "validation_metrics/loss": "val_loss",
+    "time/elapsed_s": "elapsed_s",
+    "time/eta_s": "eta_s",
 }
 
 
@@ -80,17 +83,21 @@ class GammaMetricsProcessor(MetricsProcessor):
         self.logger = _Tee(self)
         # Set by GammaTrainer; TorchTitan's own Trainer (`-m torchtitan.train`) runs none.
         self.diagnostics_attached = False
+        self.eta = Eta(job_config.training.steps)
 
     def log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
         """TorchTitan's log, plus the MoE expert load (a collective: all ranks log)."""
         from gamma_titan.models.common.moe import moe_load_metrics
 
         group = self.parallel_dims.get_mesh("batch").get_group() if self.parallel_dims.dp_enabled else None
-        extra = {**(extra_metrics or {}), **moe_load_metrics(self.model_parts or [], group)}
+        elapsed, left = self.eta.update(step)
+        extra = {**(extra_metrics or {}), **moe_load_metrics(self.model_parts or [], group),
+                 "time/elapsed_s": round(elapsed, 1), **({} if left is None else {"time/eta_s": round(left, 1)})}
         if step == 1 and self.job_config.gamma.diagnostics.enable and not self.diagnostics_attached:
             logger.warning("gamma.diagnostics.enable is true, but this trainer does not run diagnostics: "
                            "launch with -m gamma_titan.train (or gamma-titan train)")
         super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra)
+        logger.info(progress_line(step, self.eta.total, elapsed, left))
 
     # --- diagnostics (gamma_titan/diagnostics) ------------------------------------------
 

@@ -3,7 +3,11 @@ with the project's data (shard datasets, and TorchTitan's text loader for the ot
 tokenizer ("builtin"), metrics (metrics.jsonl, diagnostics), validator, and the family's
 optimizer builder followed by [optimizer] weight_decay_policy; registered with TorchTitan
 under the family's name, so TorchTitan's trainer and ours both build them; and
-`resolve_model`, the registered spec and model args a config asks for."""
+`resolve_model`, the registered spec and model args a config asks for.
+
+Importing this module registers the families and the datasets with TorchTitan (so
+TorchTitan's own trainer finds them through `--experimental.custom_import
+gamma_titan.training.train_spec`, as every config of ours says)."""
 
 import dataclasses
 
@@ -12,6 +16,7 @@ from torchtitan.protocols import train_spec as titan_train_spec
 from torchtitan.protocols.train_spec import TrainSpec
 
 from gamma_titan.data.loader import build_dataloader
+from gamma_titan.data.registry import register_datasets
 from gamma_titan.errors import ConfigError
 from gamma_titan.models import TRAIN_SPECS
 from gamma_titan.training.metrics import build_metrics_processor
@@ -57,3 +62,7 @@ def resolve_model(job_config):
     args = spec.model_args[flavor]  # a fresh copy (Flavors)
     args.update_from_config(job_config)
     return spec, args
+
+
+register_families()
+register_datasets()

@@ -107,6 +107,8 @@ def parallelize_one_process(model: torch.nn.Module, spec_name: str, job_config) 
     from torchtitan.distributed import ParallelDims
     from torchtitan.protocols.train_spec import get_train_spec
 
+    import gamma_titan.training.train_spec  # noqa: F401  (registers the families)
+
     one = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1)
     return get_train_spec(spec_name).parallelize_fn(model, one, job_config)
 
