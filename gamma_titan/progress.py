@@ -1,8 +1,9 @@
 """How far a long job is, and when it will end: the trainer's step lines and `recipe run`.
 
-A leaf module (it imports nothing of the package). The ETA comes from recent progress only
-(the last `window` reports), so a slow start (compile, a cold cache) or a resumed run does
-not skew it.
+A leaf module (it imports nothing of the package). A training run's ETA comes from recent
+progress only (the last `window` reports), so a slow start (compile, a cold cache) or a
+resumed run does not skew it; a recipe's (`window=None`) from all of it since the start,
+because runs trained side by side finish in bursts.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ def hms(seconds: float) -> str:
 class Eta:
     """Work done out of `total` units (steps, or a run's planned compute), reported as it goes."""
 
-    def __init__(self, total: float, window: int = 10, clock=time.monotonic) -> None:
+    def __init__(self, total: float, window: int | None = 10, clock=time.monotonic) -> None:
         self.total, self.clock = total, clock
         self.start = clock()
         self.recent: deque[tuple[float, float]] = deque(maxlen=window)  # (time, units done)
+        if window is None:
+            self.recent.append((self.start, 0.0))
 
     def update(self, done: float) -> tuple[float, float | None]:
-        """(seconds since the start, seconds left at the recent rate; None until two reports)."""
+        """(seconds since the start, seconds left at the recent rate; None until a rate is known)."""
         now = self.clock()
         self.recent.append((now, done))
         (t0, d0), (t1, d1) = self.recent[0], self.recent[-1]

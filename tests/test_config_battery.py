@@ -178,6 +178,19 @@ BATTERY = [
 ]
 
 
+def test_wandb_without_its_package_is_refused_in_one_line(monkeypatch, tmp_path):
+    import gamma_titan.training.preflight as preflight_module
+
+    real = preflight_module._importable
+    monkeypatch.setattr(preflight_module, "_importable", lambda module: module != "wandb" and real(module))
+    config = load_job_config(["--job.config_file", str(REPO / DENSE), "--job.dump_folder", str(tmp_path / "run"),
+                              "--metrics.enable_wandb", "true"])
+    with pytest.raises(ConfigError) as err:
+        preflight(config, world_size=1)
+    assert str(err.value) == ("metrics.enable_wandb: needs the wandb package, which this Python does not have; pip "
+                              "install \".[wandb]\" (this project's extra), or leave metrics.enable_wandb at its default")
+
+
 def test_the_battery_is_large():
     assert len(BATTERY) >= 25
 

@@ -51,7 +51,7 @@ def test_gamma_init_follows_the_rule_for_every_group(model, flavor, builtin_asse
 def test_unset_knobs_keep_torchtitans_choices(model):
     """Each knob alone: ε only changes the norms, the gate only adds gate_proj, and
     without init_rate the init is TorchTitan's (inspect shows no γ)."""
-    spec, args = titan_args(model, "--gamma.init_rate", "None", "--gamma.attention_gate", "None",
+    spec, args = titan_args(model, "--gamma.init_rate", "None", "--gamma.attention_gate", "none",  # TorchTitan's
                             "--gamma.norm_eps", "None")
     flavor_eps = {"llama3": 1e-5, "qwen3": 1e-6, "deepseek_v3": 1e-5}[model]  # TorchTitan's flavors'
     assert args.init is None and args.attention_gate == "none" and args.norm_eps == flavor_eps

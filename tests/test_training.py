@@ -14,6 +14,8 @@ from helpers import DEBUG_TOML, QUIET, REPO, read_metrics, run_trainer
 pytestmark = pytest.mark.multiprocess
 
 
+#: The fixture's run on top of DEBUG_RUN: 30 steps, W&B on (offline).
+THIS_RUN = ("--training.steps", "30", "--metrics.enable_wandb", "true")
 DEBUG_RUN = ("--metrics.log_freq", "1", "--validation.freq", "30", "--validation.steps", "4",
              "--gamma.diagnostics.freq", "10", "--checkpoint.enable", "true", "--checkpoint.interval", "10",
              "--checkpoint.keep_latest_k", "0")
@@ -24,7 +26,7 @@ def debug_run_console(tmp_path_factory, builtin_assets):
     """30 steps of configs/dense/debug.toml (γ = 1, elementwise gate), diagnostics every
     10 steps, a checkpoint every 10 steps (all kept); the run folder and what it printed."""
     dump = tmp_path_factory.mktemp("debug") / "run"
-    proc = run_trainer(dump, *DEBUG_RUN, "--training.steps", "30")
+    proc = run_trainer(dump, *DEBUG_RUN, *THIS_RUN, env={"WANDB_MODE": "offline"})  # W&B's run file stays local
     return dump, proc.stdout + proc.stderr
 
 
@@ -95,6 +97,19 @@ def test_a_run_says_where_everything_is(debug_run_console):
         assert noise not in console, noise
 
 
+def test_wandb_logs_every_scalar_tensorboard_gets(debug_run):
+    """metrics.enable_wandb (offline here): W&B's run file holds every scalar tag the
+    TensorBoard events hold, the gamma/* diagnostics included."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    [events] = {p.parent for p in (debug_run / "tb").rglob("events.out.tfevents.*")}
+    tags = EventAccumulator(str(events)).Reload().Tags()["scalars"]
+    assert "gamma/residual_flow_ratio" in tags and "loss_metrics/global_avg_loss" in tags
+    [run_file] = (debug_run / "tb").rglob("offline-run-*/run-*.wandb")
+    data = run_file.read_bytes()  # the history records keep each key as plain UTF-8
+    assert [t for t in tags if t.encode() not in data] == []
+
+
 def test_logged_tflops_use_the_models_flops_per_token(debug_run):
     """tflops = FLOPs/token · tokens/s, with FLOPs/token the count that tests/test_flops.py
     checks against the matmuls a training step executes (elementwise gate, GQA)."""
@@ -122,7 +137,7 @@ def test_run_folder_records_the_resolved_config_versions_and_command(debug_run):
     assert info["git"] is None or len(info["git"]["commit"]) == 40
     reloaded = load_job_config(["--job.config_file", str(records[0] / "config.toml")])
     original = load_job_config(["--job.config_file", str(DEBUG_TOML), "--job.dump_folder", str(debug_run),
-                                *DEBUG_RUN, "--training.steps", "30"])
+                                *DEBUG_RUN, *THIS_RUN])
     loaded, expected = reloaded.to_dict(), original.to_dict()
     assert loaded["job"].pop("config_file") == str(records[0] / "config.toml")
     assert expected["job"].pop("config_file") == str(DEBUG_TOML)

@@ -96,7 +96,7 @@ def run_local(runs: list[PlannedRun], out: Path, jobs: int = 1) -> dict[str, dic
     children = _Children()
     # The ETA weighs each run by its planned compute (a 1.5B run counts for more than a 0.1B).
     weight = {run.name: run.gpu_hours or run.steps for run in todo}
-    eta, done, lock = Eta(sum(weight.values())), [0.0, 0], threading.Lock()
+    eta, done, lock = Eta(sum(weight.values()), window=None), [0.0, 0], threading.Lock()
 
     def one(item: tuple[int, PlannedRun]) -> None:
         i, run = item

@@ -2,10 +2,10 @@
 
 * `train.log` in job.dump_folder (rank 0): every line the console gets, without colour
   codes, written line by line (a FileHandler on TorchTitan's logger; appended on resume).
-* Colour: TorchTitan colours its step line unless `metrics.disable_color_printing`. It is
-  turned off where the output is not a terminal (a SLURM log, a pipe, a file) or NO_COLOR
-  is set; torchrun's workers write to a pipe, so `gamma-titan train` sets FORCE_COLOR for
-  them when its own output is a terminal.
+* Colour: TorchTitan colours its step line unless `metrics.disable_color_printing`. Where
+  the output is not a terminal (a SLURM log, a pipe, a file) or NO_COLOR is set, the
+  console's lines lose their colour codes too; torchrun's workers write to a pipe, so
+  `gamma-titan train` sets FORCE_COLOR for them when its own output is a terminal.
 * Noise: on a CPU TorchTitan looks for a GPU's peak FLOPs (lspci, then "fallback to A100"),
   which means nothing there; those lines give way to one that says so. Its autocast to
   float32 on a CPU warns that CPU autocast takes bf16/fp16 only (float32 needs no autocast:
@@ -40,8 +40,14 @@ def wants_colour() -> bool:
 
 
 class _Plain(logging.Formatter):
+    """Another formatter's lines, without colour codes."""
+
+    def __init__(self, inner: logging.Formatter) -> None:
+        super().__init__()
+        self.inner = inner
+
     def format(self, record: logging.LogRecord) -> str:
-        return _ANSI.sub("", super().format(record))
+        return _ANSI.sub("", self.inner.format(record))
 
 
 class _CpuPeakFlops(logging.Filter):
@@ -65,9 +71,10 @@ class _CpuPeakFlops(logging.Filter):
 
 def set_up(config, device_type: str, rank: int) -> Path | None:
     """Colour, the CPU's noise filter, and (rank 0) the run's log file; returns its path."""
-    if not wants_colour():
-        config.metrics.disable_color_printing = True
     root = logging.getLogger()  # TorchTitan's logger
+    if not wants_colour():
+        for handler in root.handlers:  # init_logger's console handler
+            handler.setFormatter(_Plain(handler.formatter or logging.Formatter()))
     warnings.filterwarnings("ignore", message="'set_vital' is deprecated")  # torchdata's own call
     if device_type == "cpu":
         root.addFilter(_CpuPeakFlops())
@@ -78,7 +85,7 @@ def set_up(config, device_type: str, rank: int) -> Path | None:
     path = Path(config.job.dump_folder) / RUN_LOG_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path, mode="a", encoding="utf-8")  # flushed after every record
-    handler.setFormatter(_Plain("[titan] %(asctime)s - %(levelname)s - %(message)s"))
+    handler.setFormatter(_Plain(logging.Formatter("[titan] %(asctime)s - %(levelname)s - %(message)s")))
     root.addHandler(handler)
     return path
 
