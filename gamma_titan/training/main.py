@@ -1,4 +1,5 @@
-"""Training entry point, run by `torchrun ... -m gamma_titan.train --job.config_file CONFIG.toml`.
+"""Training entry point, run by `torchrun ... -m gamma_titan.train --job.config_file CONFIG.toml`
+(and, for one process, by `gamma-titan train` itself: `train`).
 
 TorchTitan's Trainer does the training (GammaTrainer, trainer.py); this module parses and
 checks the config first (preflight.py), so that bad input ends in one line before any

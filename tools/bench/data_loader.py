@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 import gamma_titan  # noqa: F401  (CPU shims before TorchTitan)
+import gamma_titan.training.train_spec  # noqa: F401  (registers the datasets: "hf" for the streaming loader)
 from gamma_titan.config import load_job_config
 from gamma_titan.config.flags import Parser, count
 from gamma_titan.data.builtin_corpus import TRAIN_FILE, ensure_builtin_corpus
