@@ -1,7 +1,6 @@
 """Value checks of the [gamma] tables, each failing with one ConfigError line that names
 the key as the TOML spells it."""
 
-import math
 import typing
 from dataclasses import fields
 from typing import Any
@@ -12,29 +11,26 @@ from gamma_titan.init import GROUPS
 from gamma_titan.models.common import ATTENTION_GATES
 
 from .schema import ON_NONFINITE, Data, Diagnostics, Gamma, ModelArgsOverrides, Reliability
+from .titan_keys import is_number
 
 MAX_INIT_RATE = 4.0
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _check_init_rate(key: str, value: Any) -> None:
-    if not _is_number(value) or not 0 < value <= MAX_INIT_RATE:
+    if not is_number(value) or not 0 < value <= MAX_INIT_RATE:
         raise ConfigError(f"{key} = {value!r}: must be a number in (0, {MAX_INIT_RATE:g}]")
 
 
 def check_gamma(gamma: Gamma) -> None:
     if gamma.init_rate is not None:
         _check_init_rate("gamma.init_rate", gamma.init_rate)
-    if gamma.norm_eps is not None and (not _is_number(gamma.norm_eps) or gamma.norm_eps <= 0):
+    if gamma.norm_eps is not None and (not is_number(gamma.norm_eps) or gamma.norm_eps <= 0):
         raise ConfigError(f"gamma.norm_eps = {gamma.norm_eps!r}: must be a number > 0")
     if gamma.attention_gate is not None and gamma.attention_gate not in ATTENTION_GATES:
         raise ConfigError(
             f"gamma.attention_gate = {gamma.attention_gate!r}: allowed {', '.join(ATTENTION_GATES)}"
         )
-    if not _is_number(gamma.init_truncation) or gamma.init_truncation < 0:
+    if not is_number(gamma.init_truncation) or gamma.init_truncation < 0:
         raise ConfigError(
             f"gamma.init_truncation = {gamma.init_truncation!r}: must be >= 0 (0 = no truncation)"
         )
@@ -54,9 +50,9 @@ def _check_reliability(r: Reliability) -> None:
         value = getattr(r, key)
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ConfigError(f"gamma.reliability.{key} = {value!r}: must be an integer >= {low}")
-    if not _is_number(r.loss_spike_factor) or (r.loss_spike_factor != 0 and r.loss_spike_factor <= 1):
+    if not is_number(r.loss_spike_factor) or (r.loss_spike_factor != 0 and r.loss_spike_factor <= 1):
         raise ConfigError(f"gamma.reliability.loss_spike_factor = {r.loss_spike_factor!r}: must be > 1 (0 = off)")
-    if not _is_number(r.stop_grace_seconds) or r.stop_grace_seconds <= 0:
+    if not is_number(r.stop_grace_seconds) or r.stop_grace_seconds <= 0:
         raise ConfigError(f"gamma.reliability.stop_grace_seconds = {r.stop_grace_seconds!r}: must be a number > 0")
 
 
@@ -64,7 +60,7 @@ def _check_data(d: Data) -> None:
     if not isinstance(d.mixture, dict):
         raise ConfigError(f"gamma.data.mixture = {d.mixture!r}: must be a table of folder = weight")
     for name, weight in d.mixture.items():
-        if not _is_number(weight) or weight < 0:
+        if not is_number(weight) or weight < 0:
             raise ConfigError(f"gamma.data.mixture.{name} = {weight!r}: a weight must be a number >= 0")
     if d.mixture and not sum(d.mixture.values()) > 0:
         raise ConfigError("gamma.data.mixture: the weights sum to 0; they must sum to a positive number")
@@ -99,7 +95,7 @@ def check_model_args_types(model_args) -> None:
         if value is None:
             continue
         kinds = [k for k in typing.get_args(hints[f.name]) if k is not type(None)] or [hints[f.name]]
-        ok = any(_is_number(value) if k is float else
+        ok = any(is_number(value) if k is float else
                  isinstance(value, k) and not (k is int and isinstance(value, bool)) for k in kinds)
         if not ok:
             allowed = " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)

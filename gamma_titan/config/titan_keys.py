@@ -32,11 +32,13 @@ class Rule:
     bad: tuple = ()
 
 
-def _is_int(v) -> bool:
+def is_int(v) -> bool:
+    """An integer that is not a bool (TOML and tyro give bools where ints are asked)."""
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_number(v) -> bool:
+def is_number(v) -> bool:
+    """A finite int or float that is not a bool."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -48,7 +50,7 @@ def integer(low: int, *, also: tuple[int, ...] = (), meaning: str = "") -> Rule:
     """An integer >= low, or one of the sentinel values `also` (meaning: what they mean)."""
     text = f"must be an integer >= {low}" + (f", or {' or '.join(map(str, also))}" if also else "")
     return Rule(text + (f" ({meaning})" if meaning else ""),
-                lambda v: _is_int(v) and (v >= low or v in also),
+                lambda v: is_int(v) and (v >= low or v in also),
                 bad=(low - 1 if low - 1 not in also else low - 2, 2.5, "8"))
 
 
@@ -60,7 +62,7 @@ def number(low: float, high: float | None = None, *, low_open: bool = False, hig
         text = f"must be a number in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
 
     def test(v) -> bool:
-        if not _is_number(v):
+        if not is_number(v):
             return False
         above = v > low if low_open else v >= low
         below = high is None or (v < high if high_open else v <= high)
@@ -251,7 +253,7 @@ RULES: dict[str, Rule | str | Lazy] = {
     "checkpoint.async_mode": OWN_CHOICES,
     "checkpoint.keep_latest_k": Rule("must be 0 (keep all) or an integer >= 2 (TorchTitan keeps a spare while "
                                      "the newest may still be being written)",
-                                     lambda v: _is_int(v) and (v == 0 or v >= 2), bad=(1, -1, 2.5)),
+                                     lambda v: is_int(v) and (v == 0 or v >= 2), bad=(1, -1, 2.5)),
     "checkpoint.load_step": integer(0, also=(-1,), meaning="-1: the latest"),
     "checkpoint.exclude_from_loading": Rule(f"allowed a list of {', '.join(CHECKPOINT_STATES)}",
                                             lambda v: isinstance(v, list) and set(v) <= set(CHECKPOINT_STATES),
