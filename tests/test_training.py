@@ -97,6 +97,31 @@ def test_a_run_says_where_everything_is(debug_run_console):
         assert noise not in console, noise
 
 
+def test_the_readme_says_what_a_run_writes(debug_run):
+    """README's *What a run writes*: each path of its tree is in the run folder (W&B's
+    offline run included), the folder holds nothing the tree leaves out, and every
+    metrics.jsonl key it names is in the file (those of MoE and the step guard excepted)."""
+    import re
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## What a run writes\n", 1)[1].split("\n## ", 1)[0]
+    tree = section.split("```", 2)[1].splitlines()
+    listed = [line.split()[0] for line in tree if line.startswith("  ") and not line.startswith("   ")]
+    assert tree[1] == "outputs/debug/" and len(listed) >= 6
+    for path in listed:
+        pattern = re.sub(r"<[^>]+>", "*", path).replace("step-N", "step-*").rstrip("/")
+        assert list(debug_run.glob(pattern)), path
+    assert list(debug_run.glob("tb/*/wandb"))  # "with W&B offline, its run in wandb/"
+    assert {p.name for p in debug_run.iterdir()} == {path.split("/")[0] for path in listed}
+
+    paragraph = section.split("**metrics.jsonl.**", 1)[1].split("\n\n", 1)[0]
+    named = set(re.findall(r"`([a-z_/*]+)`", paragraph)) - {"moe/*", "nonfinite_skipped", "loss_spike"}
+    keys = set().union(*read_metrics(debug_run))
+    assert {"val_loss", "eta_s", "gamma/*", "time_metrics/*"} <= named
+    for name in named:
+        assert (any(k.startswith(name[:-1]) for k in keys) if name.endswith("*") else name in keys), name
+
+
 def test_wandb_logs_every_scalar_tensorboard_gets(debug_run):
     """metrics.enable_wandb (offline here): W&B's run file holds every scalar tag the
     TensorBoard events hold, the gamma/* diagnostics included."""

@@ -22,6 +22,8 @@ in that budget together with the vectors of everything iterating at the same tim
 the singular vectors kept between calls); a weight whose fp32 copy alone would not fit is
 converted a block of rows at a time. Stacking is for accelerators (one kernel launch per
 product instead of one per weight); on the CPU each weight iterates alone, in cache.
+Measured by the profiler on the debug model (tests/test_diagnostics.py): 3.5 MiB against a
+4 MiB largest weight in fp32, 1.8 MiB against 2 MiB in bf16.
 
 Sharded weights (FSDP, TP and EP DTensors, FSDP over TP's strided shards included): each
 rank multiplies its own block of W into full-length vectors and the vectors are summed
@@ -29,6 +31,8 @@ over the mesh, so only vectors (d_out or d_in long, per expert) and scalars cros
 never a matrix; no weight is regathered. Weights on one mesh iterate together, at two
 all-reduces per step for all of them (more groups only where the memory budget splits
 them).
+FSDP=2, TP=2 and EP=2 runs agree with one process to rtol 1e-4 in the tests (8e-5 at most
+measured), a 2×2 FSDP-over-TP mesh to 1e-5.
 """
 
 from __future__ import annotations
