@@ -59,10 +59,12 @@ def trainer_command(dump: Path, *overrides: str, nproc: int = 1, config: Path = 
 
 
 def run_trainer(dump: Path, *overrides: str, nproc: int = 1, config: Path = DEBUG_TOML,
-                timeout: int = 600, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run the trainer to the end; with `check`, fail the test unless it exits 0."""
+                timeout: int = 600, check: bool = True, env: dict[str, str] | None = None,
+                cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """Run the trainer to the end, in `cwd` (a relative `dump` is taken from there); with
+    `check`, fail the test unless it exits 0."""
     command, env = trainer_command(dump, *overrides, nproc=nproc, config=config, env=env)
-    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     if not check:
         return proc
     if proc.returncode != 0:

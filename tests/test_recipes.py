@@ -250,12 +250,17 @@ def test_slurm_without_sbatch_fails_before_writing(builtin_assets, tmp_path, mon
     assert not out.exists()
 
 
-def test_the_readmes_dry_run_commands_run(builtin_assets, tmp_path, capsys):
+def test_the_readmes_dry_run_commands_run(builtin_assets, tmp_path, capsys, monkeypatch):
     """Every `gamma-titan recipe run ... --dry-run` line of the README, as written (with an
-    --out of its own), plans and exits 0."""
+    --out of its own), plans and exits 0. The --out is relative: it resolves against the
+    current directory, and the sbatch scripts name the runs' folders by absolute path (a
+    SLURM job starts elsewhere)."""
     import shlex
 
     from gamma_titan.cli import main
+    from gamma_titan.files import RECIPE_PLAN_FILE
+
+    monkeypatch.chdir(tmp_path)
 
     lines = [line.split("#")[0] for line in (REPO / "README.md").read_text(encoding="utf-8").splitlines()
              if line.startswith("gamma-titan recipe run ") and "--dry-run" in line
@@ -263,8 +268,13 @@ def test_the_readmes_dry_run_commands_run(builtin_assets, tmp_path, capsys):
     assert lines
     for i, line in enumerate(lines):
         with pytest.raises(SystemExit) as exit_:
-            main([*shlex.split(line)[1:], "--out", str(tmp_path / f"out-{i}")])
+            main([*shlex.split(line)[1:], "--out", f"out-{i}"])
         assert exit_.value.code == 0, (line, capsys.readouterr().err)
+        assert (tmp_path / f"out-{i}" / RECIPE_PLAN_FILE).is_file()
+        scripts = list((tmp_path / f"out-{i}" / "slurm").glob("*.sbatch"))
+        assert scripts
+        for script in scripts:
+            assert f"--job.dump_folder {tmp_path / f'out-{i}' / script.stem}" in script.read_text(), script
 
 
 def test_bad_input_is_one_line_before_anything_is_written(builtin_assets, tmp_path, capsys):

@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -24,9 +25,13 @@ DEBUG_RUN = ("--metrics.log_freq", "1", "--validation.freq", "30", "--validation
 @pytest.fixture(scope="module")
 def debug_run_console(tmp_path_factory, builtin_assets):
     """30 steps of configs/dense/debug.toml (γ = 1, elementwise gate), diagnostics every
-    10 steps, a checkpoint every 10 steps (all kept); the run folder and what it printed."""
+    10 steps, a checkpoint every 10 steps (all kept); the run folder and what it printed.
+    The dump folder is given relative, as `./run`, and resolves against the directory the
+    run starts in (README: *What a run writes*)."""
     dump = tmp_path_factory.mktemp("debug") / "run"
-    proc = run_trainer(dump, *DEBUG_RUN, *THIS_RUN, env={"WANDB_MODE": "offline"})  # W&B's run file stays local
+    proc = run_trainer(Path("run"), *DEBUG_RUN, *THIS_RUN, env={"WANDB_MODE": "offline"},  # W&B's file stays local
+                       cwd=dump.parent)
+    assert not (REPO / "run").exists()
     return dump, proc.stdout + proc.stderr
 
 
@@ -161,7 +166,8 @@ def test_run_folder_records_the_resolved_config_versions_and_command(debug_run):
     assert info["world_size"] == 1 and info["packages"]["torchtitan"].startswith("0.2")
     assert info["git"] is None or len(info["git"]["commit"]) == 40
     reloaded = load_job_config(["--job.config_file", str(records[0] / "config.toml")])
-    original = load_job_config(["--job.config_file", str(DEBUG_TOML), "--job.dump_folder", str(debug_run),
+    assert info["cwd"] == str(debug_run.parent)  # what the relative dump folder ("run") is relative to
+    original = load_job_config(["--job.config_file", str(DEBUG_TOML), "--job.dump_folder", "run",
                                 *DEBUG_RUN, *THIS_RUN])
     loaded, expected = reloaded.to_dict(), original.to_dict()
     assert loaded["job"].pop("config_file") == str(records[0] / "config.toml")

@@ -5,10 +5,13 @@ and never touches an earlier one (a resumed run adds a folder):
 
   config.toml   the fully resolved job config: every TorchTitan and gamma_titan key with
                 the value this launch used (TOML file + CLI overrides + defaults); it
-                loads back with `--job.config_file` into the same config
+                loads back with `--job.config_file` into the same config. Paths stay as
+                given: a relative one (dump_folder, dataset_path, ...) is relative to
+                run.json's `cwd`, as it was for the run
   run.json      the command line (the worker's, and `gamma-titan train`'s when launched
-                through it), start time, host, world size, Python and package versions,
-                and the project's git commit (plus whether the tree had local changes)
+                through it), start time, working directory, host, world size, Python and
+                package versions, and the project's git commit (plus whether the tree had
+                local changes)
 """
 
 from __future__ import annotations
