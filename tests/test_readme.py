@@ -158,11 +158,10 @@ def test_the_torchrun_command_loads(builtin_assets):
     for argv in lines:
         module = argv.index("-m")
         assert argv[module + 1] == "gamma_titan.train"
-        trainer_args = argv[module + 2:]
-        config = trainer_args[trainer_args.index("--job.config_file") + 1]
-        assert (REPO / config).is_file()
-        load_job_config([*trainer_args[:trainer_args.index("--job.config_file")], "--job.config_file",
-                         str(REPO / config), *trainer_args[trainer_args.index("--job.config_file") + 2:]])
+        args = argv[module + 2:]
+        i = args.index("--job.config_file") + 1
+        assert (REPO / args[i]).is_file()
+        load_job_config([*args[:i], str(REPO / args[i]), *args[i + 1:]])
 
 
 def paper_settings_table() -> dict[str, str]:

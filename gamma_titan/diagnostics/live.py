@@ -5,8 +5,8 @@ At step 1 and every `freq` steps, after the optimizer step, `LiveDiagnostics.mea
 * runs one forward of a fixed probe batch (the first `probe_batch` sequences of the
   validation split) in eval mode under no_grad, hooked by `ActivationProbe`: sink score,
   residual flow, ε-dominated fractions, gate statistics. The forward stops at the final
-  norm (`head=False`): no vocabulary-sized logits (the debug model's 4 × 256 probe: 17.0 →
-  11.3 MiB);
+  norm (`head=False`): no vocabulary-sized logits (the debug model's 4 × 256 probe peaks
+  at 11.3 MiB without them, 17.0 MiB with);
 * computes the stable rank of every weight matrix (per expert stack: mean and min);
 * at step 1 and every 10·freq steps, row-cosine maps of a few chosen matrices.
 
