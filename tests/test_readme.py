@@ -241,3 +241,51 @@ def test_the_differences_from_torchtitan_that_a_test_can_hold():
     for config in sorted((REPO / "configs").glob("*/*.toml")):
         if config.parent.name != "titan":
             assert tomllib.loads(config.read_text())["checkpoint"]["last_save_model_only"] is False, config
+
+
+def test_every_key_of_ours_is_in_the_readme():
+    """Each key gamma-titan adds to a config is documented: every [gamma] key and sub-table
+    (with each key of [gamma.data], [gamma.diagnostics], [gamma.reliability]) and
+    [optimizer] weight_decay_policy appear as `key =` in a TOML block, every γ group in the
+    init_rate_overrides line, and every [model_args] field in a TOML block or in backticks."""
+    import dataclasses
+
+    from gamma_titan.config.schema import Gamma, ModelArgsOverrides, Optimizer
+    from gamma_titan.init import GROUPS
+
+    toml = "\n".join(code_blocks("toml"))
+
+    def in_toml(key: str) -> bool:
+        return re.search(rf"^{key}\s*=", toml, flags=re.M) is not None
+
+    missing = [f"optimizer.{f.name}" for f in dataclasses.fields(Optimizer) if not in_toml(f.name)]
+    for f in dataclasses.fields(Gamma):
+        table = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+        if not dataclasses.is_dataclass(table):
+            missing += [] if in_toml(f.name) else [f"gamma.{f.name}"]
+        elif f.name == "init_rate_overrides":
+            groups = re.search(r"^output = .*# (.*)$", toml, flags=re.M)[1]
+            missing += [f"gamma.{f.name}.{g}" for g in GROUPS if g not in groups.split(" | ")]
+        else:
+            missing += [] if f"[gamma.{f.name}]" in toml else [f"[gamma.{f.name}]"]
+            missing += [f"gamma.{f.name}.{k.name}" for k in dataclasses.fields(table) if not in_toml(k.name)]
+    missing += [f"model_args.{f.name}" for f in dataclasses.fields(ModelArgsOverrides)
+                if not in_toml(f.name) and f"`{f.name}`" not in README]
+    assert missing == []
+
+
+def test_the_model_args_lists_are_the_families_fields():
+    """The TOML reference's [model_args] block holds every field the families share (the
+    common ones), and the MoE **Keys:** line names exactly gamma_moe's own fields (plus
+    ffn_hidden_dim, which its dense layers use)."""
+    from gamma_titan.models import TRAIN_SPECS
+
+    def fields(family: str) -> set[str]:
+        return set(type(next(iter(TRAIN_SPECS[family].model_args.values()))).model_args_fields())
+
+    common, moe = fields("gamma_dense"), fields("gamma_moe")
+    block = next(b for b in code_blocks("toml") if "\n[model_args]" in b)
+    block = block.split("\n[model_args]", 1)[1].split("\n[", 1)[0]
+    assert set(re.findall(r"^(\w+)\s*=", block, flags=re.M)) == common
+    keys = README.split("- **Keys:** `[model_args]` takes", 1)[1].split("besides the common ones", 1)[0]
+    assert set(re.findall(r"`(\w+)`", keys)) == (moe - common) | {"ffn_hidden_dim"}
