@@ -289,3 +289,25 @@ def test_the_model_args_lists_are_the_families_fields():
     assert set(re.findall(r"^(\w+)\s*=", block, flags=re.M)) == common
     keys = README.split("- **Keys:** `[model_args]` takes", 1)[1].split("besides the common ones", 1)[0]
     assert set(re.findall(r"`(\w+)`", keys)) == (moe - common) | {"ffn_hidden_dim"}
+
+
+def test_the_residual_flow_numbers_are_what_inspect_measures(builtin_assets):
+    """The Diagnostics table's residual-flow numbers at init, recomputed by `inspect`'s
+    report for each model and γ it names (to the README's rounding)."""
+    from gamma_titan.config import load_job_config
+    from gamma_titan.inspect_model import inspect_model
+    from gamma_titan.training.train_spec import resolve_model
+
+    row = next(line for line in README.splitlines() if line.startswith("| `gamma/residual_flow_ratio` |"))
+    listed = re.search(r"debug \(d 256, 4 layers\) ([\d.]+) at γ = 1 and ([\d.]+) at γ = 0\.5; gpu-256 / gpu-768 "
+                       r"\(8 layers\) ([\d.]+) / ([\d.]+) at γ = 1, and ([\d.]+) for gpu-768 at γ = 0\.5", row)
+    cases = [("dense/debug.toml", [], 1.0), ("dense/debug.toml", [], 0.5),
+             ("dense/gpu.toml", ["--model.flavor", "gpu-256"], 1.0), ("dense/gpu.toml", ["--model.flavor", "gpu-768"], 1.0),
+             ("dense/gpu.toml", ["--model.flavor", "gpu-768"], 0.5)]
+    for (config, flavor, gamma), text in zip(cases, listed.groups()):
+        job = load_job_config(["--job.config_file", str(REPO / "configs" / config), *flavor,
+                               "--gamma.init_rate", str(gamma)])
+        spec, args = resolve_model(job)
+        ratio = inspect_model(spec, args, job.training.seq_len)["residual_flow_ratio"]
+        half_digit = 0.5 * 10 ** -len(text.partition(".")[2])
+        assert abs(ratio - float(text)) <= half_digit + 1e-9, (config, flavor, gamma, ratio, text)
