@@ -1,7 +1,8 @@
-"""What the README says, against the program: its links lead to its sections, every command
-in its code blocks parses (the configs it names load with the overrides it gives them, and
-the scripts it names exist), and its table of the paper's settings is what the configs and
-models hold.
+"""What the README says, against the program: its links and section references lead to its
+sections, every command in its code blocks parses (the configs it names load with the
+overrides it gives them, and the scripts it names exist), every key of ours is documented,
+its table of the paper's settings is what the configs and models hold, the differences from
+TorchTitan it states hold in TorchTitan, and its residual-flow numbers are inspect's.
 
 Elsewhere: the flavor tables (test_configs), the cluster table (test_estimate), the Layout
 (test_layout), the recipe dry runs, executed (test_recipes), the run folder and metrics.jsonl
