@@ -63,13 +63,13 @@ def cmd_train(ns, overrides: list[str]) -> int:
     argv = _config_argv(ns.config, overrides)
     config = load_job_config(argv)
     spec, args = preflight(config, world_size=nproc, local_world_size=nproc)  # fail here, before torchrun starts
-    from gamma_titan.training.launch import torchrun_command
+    from gamma_titan.training.launch import launch_command, torchrun_command
     from gamma_titan.training.run_record import LAUNCH_COMMAND_ENV
 
     if nproc == 1:  # a world of one: this process trains (torchrun would only import everything again)
         from gamma_titan.training.main import train
 
-        os.environ[LAUNCH_COMMAND_ENV] = " ".join(["gamma-titan", *sys.argv[1:]])
+        os.environ[LAUNCH_COMMAND_ENV] = launch_command()
         print("+ training in this process (one rank; with --nproc N > 1, torchrun starts N)", flush=True)
         train(config, spec, args)
         return 0

@@ -95,3 +95,35 @@ def hf_checkpointer(root, folder, model, model_name, args, tokenizer, **checkpoi
         dataloader=None, model_parts=[model], optimizers=None, lr_schedulers=None, states={},
         checkpoint_config=Checkpoint(enable=True, folder=folder, **checkpoint),
         sd_adapter=TRAIN_SPECS[model_name].state_dict_adapter(args, "builtin"), base_folder=str(root))
+
+
+#: Programs whose command lines the README's code blocks give.
+README_PROGRAMS = ("gamma-titan", ".venv/bin/gamma-titan", "torchrun", "python", ".venv/bin/python", "bash")
+
+
+def readme_code_blocks(readme: str, language: str) -> list[str]:
+    """The bodies of the README's ```language blocks."""
+    import re
+
+    return re.findall(rf"^```{language}\n(.*?)^```", readme, flags=re.S | re.M)
+
+
+def readme_commands(readme: str) -> list[list[str]]:
+    """Every command line of the README's bash blocks, as argv (continuations joined,
+    comments dropped, `a && b` split; a synopsis's second line, starting with `[`, joined
+    to its first); shell syntax (`for`, `done`) is skipped."""
+    import shlex
+
+    found = []
+    for block in readme_code_blocks(readme, "bash"):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if words and words[0].startswith("[") and found:
+                found[-1] += words
+                continue
+            while words:
+                cut = words.index("&&") if "&&" in words else len(words)
+                if words[0] in README_PROGRAMS:
+                    found.append(words[:cut])
+                words = words[cut + 1:]
+    return found

@@ -16,7 +16,7 @@ import unicodedata
 
 import pytest
 
-from helpers import REPO
+from helpers import REPO, readme_code_blocks, readme_commands
 
 README = (REPO / "README.md").read_text(encoding="utf-8")
 
@@ -24,30 +24,13 @@ README = (REPO / "README.md").read_text(encoding="utf-8")
 PAPER_CONFIGS = [f"dense/{size}.toml" for size in ("0.1B", "0.3B", "0.7B", "1.5B", "7B")] + \
                 [f"moe/{size}.toml" for size in ("1.5B-A0.25B", "3B-A0.5B", "16B-A2.4B")]
 
-#: Programs whose command lines the README's code blocks give.
-PROGRAMS = ("gamma-titan", ".venv/bin/gamma-titan", "torchrun", "python", ".venv/bin/python", "bash")
-
 
 def code_blocks(language: str) -> list[str]:
-    return re.findall(rf"^```{language}\n(.*?)^```", README, flags=re.S | re.M)
+    return readme_code_blocks(README, language)
 
 
 def commands() -> list[list[str]]:
-    """Every command line of the README's bash blocks, as argv (continuations joined,
-    comments dropped, `a && b` split); shell syntax (`for`, `done`) is skipped."""
-    found = []
-    for block in code_blocks("bash"):
-        for line in block.replace("\\\n", " ").splitlines():
-            words = shlex.split(line, comments=True)
-            if words and words[0].startswith("[") and found:  # a synopsis's second line
-                found[-1] += words
-                continue
-            while words:
-                cut = words.index("&&") if "&&" in words else len(words)
-                if words[0] in PROGRAMS:
-                    found.append(words[:cut])
-                words = words[cut + 1:]
-    return found
+    return readme_commands(README)
 
 
 def slug(heading: str) -> str:

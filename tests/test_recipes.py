@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import REPO
+from helpers import REPO, readme_commands
 from gamma_titan.errors import ConfigError
 from gamma_titan.training.launch import SHUTDOWN_MARGIN_SECONDS, save_seconds
 from gamma_titan.recipes.plan import plan
@@ -255,21 +255,18 @@ def test_the_readmes_dry_run_commands_run(builtin_assets, tmp_path, capsys, monk
     --out of its own), plans and exits 0. The --out is relative: it resolves against the
     current directory, and the sbatch scripts name the runs' folders by absolute path (a
     SLURM job starts elsewhere)."""
-    import shlex
-
     from gamma_titan.cli import main
     from gamma_titan.files import RECIPE_PLAN_FILE
 
     monkeypatch.chdir(tmp_path)
 
-    lines = [line.split("#")[0] for line in (REPO / "README.md").read_text(encoding="utf-8").splitlines()
-             if line.startswith("gamma-titan recipe run ") and "--dry-run" in line
-             and "[" not in line]  # not the synopsis of Commands
+    lines = [argv for argv in readme_commands((REPO / "README.md").read_text(encoding="utf-8"))
+             if argv[:3] == ["gamma-titan", "recipe", "run"] and "--dry-run" in argv]  # the synopsis has [--dry-run]
     assert lines
-    for i, line in enumerate(lines):
+    for i, argv in enumerate(lines):
         with pytest.raises(SystemExit) as exit_:
-            main([*shlex.split(line)[1:], "--out", f"out-{i}"])
-        assert exit_.value.code == 0, (line, capsys.readouterr().err)
+            main([*argv[1:], "--out", f"out-{i}"])
+        assert exit_.value.code == 0, (argv, capsys.readouterr().err)
         assert (tmp_path / f"out-{i}" / RECIPE_PLAN_FILE).is_file()
         scripts = list((tmp_path / f"out-{i}" / "slurm").glob("*.sbatch"))
         assert scripts

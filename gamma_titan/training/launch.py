@@ -75,16 +75,27 @@ def shutdown_warning(grace_seconds: float) -> str | None:
             f"(gamma.reliability.stop_grace_seconds = {grace_seconds:g}) loses its checkpoint; torch 2.13 has the flag")
 
 
+def launch_command() -> str:
+    """The command the user typed, as the run record and the run's last lines give it."""
+    return " ".join(["gamma-titan", *sys.argv[1:]])
+
+
+def _environment(threads: int | None) -> dict[str, str]:
+    """A launched trainer's environment: ours, the user's command for the run record,
+    unbuffered output (a redirected log grows line by line), and `threads` CPU threads."""
+    env = {**os.environ, LAUNCH_COMMAND_ENV: launch_command(), "PYTHONUNBUFFERED": "1"}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
 def train_command(nproc: int, argv: list[str], grace_seconds: float,
                   threads: int | None = None) -> tuple[list[str], dict[str, str]]:
     """`torchrun_command` for several ranks; one rank is `python -m gamma_titan.train argv`
     itself (a world of one, the same environment, without torchrun's own start-up)."""
     if nproc > 1:
         return torchrun_command(nproc, argv, grace_seconds, threads)
-    env = {**os.environ, LAUNCH_COMMAND_ENV: " ".join(["gamma-titan", *sys.argv[1:]]), "PYTHONUNBUFFERED": "1"}
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
-    return [sys.executable, "-m", "gamma_titan.train", *argv], env
+    return [sys.executable, "-m", "gamma_titan.train", *argv], _environment(threads)
 
 
 def torchrun_command(nproc: int, argv: list[str], grace_seconds: float,
@@ -98,11 +109,9 @@ def torchrun_command(nproc: int, argv: list[str], grace_seconds: float,
         "--local-ranks-filter", "0", "--role", "rank", "--tee", "3",
         "-m", "gamma_titan.train", *argv,
     ]
-    env = {**os.environ, LAUNCH_COMMAND_ENV: " ".join(["gamma-titan", *sys.argv[1:]]), "PYTHONUNBUFFERED": "1"}
+    env = _environment(threads)
     if sys.stdout.isatty():  # the workers write to torchrun's pipe: tell them a terminal reads it
         env.setdefault("FORCE_COLOR", "1")
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
-    elif nproc > 1 and "OMP_NUM_THREADS" not in env:
+    if not threads and nproc > 1 and "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
     return command, env
