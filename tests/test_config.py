@@ -38,8 +38,6 @@ CASES = {
     "MLA rank that does not fit": ("", ["--model.name", "gamma_moe", "--model.flavor", "debug_mla",
                                         "--model_args.kv_lora_rank", "512"], "model_args.kv_lora_rank"),
     "MoE key on a dense model": ("[model_args]\ntop_k = 2\n", [], "model_args.top_k"),
-    "TP not dividing MoE width": ("", ["--model.name", "gamma_moe", "--model_args.moe_hidden_dim", "129",
-                                       "--parallelism.tensor_parallel_degree", "2"], "moe_hidden_dim"),
     "unknown diagnostics key": ("[gamma.diagnostics]\nfrequency = 10\n", [], "gamma.diagnostics.frequency"),
     "probe batch negative": ("", ["--gamma.diagnostics.probe_batch", "-2"], "gamma.diagnostics.probe_batch"),
     "probe data that does not exist": ("", ["--gamma.diagnostics.enable", "true", "--validation.dataset", "hf",

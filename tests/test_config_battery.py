@@ -64,15 +64,20 @@ BATTERY = [
     (DENSE, ["--training.global_batch_size", "12"], 1, "training.global_batch_size = 12: must be -1 or a multiple "
      "of local_batch_size x data-parallel degree = 8 (the rest is gradient accumulation)"),
     (DENSE, ["--parallelism.tensor_parallel_degree", "3"], 3,
-     "parallelism.tensor_parallel_degree = 3 must divide model_args.n_heads = 4 and the KV heads (2)"),
+     "parallelism.tensor_parallel_degree = 3 must divide model_args.n_heads = 4 and the KV heads (2); use "
+     "--parallelism.data_parallel_shard_degree 3 --parallelism.tensor_parallel_degree 1 (shard 3)"),
     (DENSE, ["--parallelism.data_parallel_shard_degree", "2"], 1,
-     "parallelism.data_parallel_shard_degree = 2: the degrees multiply to 2 but the world size is 1 (use -1 to infer)"),
+     "parallelism.data_parallel_shard_degree = 2: the degrees multiply to 2 but the world size is 1; use "
+     "--parallelism.data_parallel_shard_degree 1 (one rank)"),
     (DENSE, ["--parallelism.pipeline_parallel_degree", "2"], 2,
-     "parallelism.pipeline_parallel_degree = 2: gamma_dense supports 1 (no pipeline parallelism)"),
+     "parallelism.pipeline_parallel_degree = 2: gamma_dense supports 1 (no pipeline parallelism); use "
+     "--parallelism.data_parallel_shard_degree 2 --parallelism.pipeline_parallel_degree 1 (shard 2)"),
     (DENSE, ["--parallelism.expert_parallel_degree", "2"], 2,
-     "parallelism.expert_parallel_degree = 2 applies to MoE models; gamma_dense needs 1"),
+     "parallelism.expert_parallel_degree = 2 applies to MoE models; gamma_dense has no experts; use "
+     "--parallelism.expert_parallel_degree 1 (shard 2)"),
     (MOE, ["--parallelism.expert_parallel_degree", "3"], 3,
-     "parallelism.expert_parallel_degree = 3 must divide model_args.n_routed_experts = 8"),
+     "parallelism.expert_parallel_degree = 3 must divide model_args.n_routed_experts = 8; use "
+     "--parallelism.expert_parallel_degree 1 (shard 3)"),
     (MOE, ["--model_args.top_k", "9"], 1, "model_args.top_k = 9 exceeds model_args.n_routed_experts = 8"),
     (MOE, ["--model_args.n_dense_layers", "4"], 1,
      "model_args.n_dense_layers = 4 leaves no MoE layer of model_args.n_layers = 4"),
@@ -85,10 +90,26 @@ BATTERY = [
      "full, a per-layer selective_ac_option such as 2, or expert_parallel_degree 1$"),
     (DENSE, ["--parallelism.tensor_parallel_degree", "2", "--training.seq_len", "255"], 2,
      "training.seq_len = 255 must be divisible by parallelism.tensor_parallel_degree = 2 (sequence parallelism)"),
+    (DENSE, ["--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel_replicate_degree", "2",
+             "--parallelism.data_parallel_shard_degree", "1"], 4,
+     "parallelism.data_parallel_replicate_degree = 2 with data_parallel_shard_degree = 1 and replicate 2 x tp 2: "
+     "replicas without shards are DDP, which takes no other parallelism; use "
+     "--parallelism.data_parallel_replicate_degree 1 --parallelism.data_parallel_shard_degree 2 (shard 2 x tp 2)"),
+    (MOE, ["--parallelism.tensor_parallel_degree", "2", "--parallelism.expert_parallel_degree", "2"], 4,
+     "parallelism.expert_parallel_degree = 2 with tensor_parallel_degree = 2 is not supported for gamma_moe yet; use "
+     "--parallelism.data_parallel_shard_degree 4 --parallelism.tensor_parallel_degree 1 (shard 4 x ep 2)"),
+    (MOE, ["--parallelism.tensor_parallel_degree", "2", "--parallelism.expert_tensor_parallel_degree", "2"], 2,
+     "parallelism.expert_tensor_parallel_degree = 2 applies with expert parallelism only (expert_parallel_degree > "
+     "1); use --parallelism.expert_tensor_parallel_degree 1 (tp 2)"),
+    (MOE, ["--model_args.moe_hidden_dim", "129", "--parallelism.tensor_parallel_degree", "2"], 2,
+     "parallelism.tensor_parallel_degree = 2 must divide model_args.moe_hidden_dim = 129; use "
+     "--parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 1 (shard 2)"),
     (DENSE, ["--parallelism.context_parallel_degree", "2"], 2,
-     "parallelism.context_parallel_degree = 2: gamma_dense supports 1 (no context parallelism)"),
+     "parallelism.context_parallel_degree = 2: gamma_dense supports 1 (no context parallelism); use "
+     "--parallelism.data_parallel_shard_degree 2 --parallelism.context_parallel_degree 1 (shard 2)"),
     (MOE, ["--parallelism.context_parallel_degree", "2"], 2,
-     "parallelism.context_parallel_degree = 2: gamma_moe supports 1 (no context parallelism)"),
+     "parallelism.context_parallel_degree = 2: gamma_moe supports 1 (no context parallelism); use "
+     "--parallelism.data_parallel_shard_degree 2 --parallelism.context_parallel_degree 1 (shard 2)"),
     (DENSE, ["--training.dataset", "nosuch"], 1,
      "re:training.dataset: unknown dataset 'nosuch'; allowed: builtin, builtin_validation, .*memmap"),
     (DENSE, ["--training.dataset", "memmap", "--training.dataset_path", "/nonexistent"], 1,

@@ -1,57 +1,15 @@
-"""gamma_moe end to end on CPU: expert parallelism, FSDP and tensor parallelism (2 gloo
-processes) against a single process, with MHA and with MLA, the attention gate on (losses
-and live diagnostics). Single-process runs (30 steps, compile, float8) are in test_moe_runs.py."""
+"""gamma_moe on several gloo processes: a resume under EP x FSDP with strided expert shards,
+and each rank's init drawing only its own shards. (Every layout against one process, MHA
+and MLA: test_layouts.py; single-process runs, 30 steps, compile, float8: test_moe_runs.py.)"""
 
 import pytest
-import torch
 
 from helpers import QUIET, REPO, read_metrics, run_trainer
-from test_parallel import DIAGNOSTICS, diagnostics
 
 pytestmark = pytest.mark.multiprocess
 
 CONFIGS = {"mha": REPO / "configs" / "moe" / "debug.toml", "mla": REPO / "configs" / "moe" / "debug_mla.toml"}
 DETERMINISTIC = ("--debug.deterministic", "true", "--debug.seed", "7")
-LAYOUTS = {  # global batch 4 everywhere
-    "single": (1, 4, ()),
-    "fsdp2": (2, 2, ()),
-    "ep2": (2, 2, ("--parallelism.expert_parallel_degree", "2")),
-    "tp2": (2, 4, ("--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1")),
-    # the CUDA path of the experts on the CPU: all-to-all dispatch, TorchTitan's token
-    # permutation (its CPU implementation), grouped GEMMs in bf16 (torch's CPU fallback)
-    "ep2_grouped": (2, 2, ("--parallelism.expert_parallel_degree", "2", "--model_args.expert_kernel", "grouped")),
-}
-# rtol 2e-5: matched layouts agree to ~5e-7 here; a missing gradient all-reduce (e.g. of
-# MLA's head-shared rotary key under TP) showed up as 7e-5 by step 5, inside the 1e-4
-# that the issue asks for.
-RTOL = 2e-5
-
-
-@pytest.fixture(scope="module", params=["mha", "mla"])
-def records(request, tmp_path_factory, builtin_assets):
-    out = {"attention": request.param}
-    for layout, (nproc, batch, extra) in LAYOUTS.items():
-        dump = tmp_path_factory.mktemp(f"{request.param}-{layout}")
-        run_trainer(dump, "--training.steps", "5", "--training.local_batch_size", str(batch),
-                    *QUIET, *DETERMINISTIC, *DIAGNOSTICS, *extra, nproc=nproc, config=CONFIGS[request.param])
-        out[layout] = read_metrics(dump)
-    return out
-
-
-# The grouped kernel computes the experts in bf16 (gradients within 2^-6 of the fp32 loop's:
-# test_moe.py); at γ = 1 the experts' output is a small share of the residual stream, and 5
-# steps moved the loss by 1.5e-6 (MHA) and 1.4e-5 (MLA) from the single-process fp32 loop.
-RTOL_GROUPED = 1e-4
-
-
-@pytest.mark.parametrize("layout", ["fsdp2", "ep2", "tp2", "ep2_grouped"])
-def test_losses_match_single_process(records, layout):
-    losses = {k: [r["loss"] for r in v] for k, v in records.items() if k != "attention"}
-    assert len(losses["single"]) == 5 and losses["single"][-1] < losses["single"][0]
-    rtol = RTOL_GROUPED if layout == "ep2_grouped" else RTOL
-    torch.testing.assert_close(torch.tensor(losses[layout]), torch.tensor(losses["single"]), rtol=rtol, atol=0)
-    if layout == "ep2_grouped":
-        assert losses[layout] != losses["ep2"]  # the bf16 kernel ran
 
 
 def test_a_resume_with_strided_expert_shards_is_bitwise(tmp_path, builtin_assets):
@@ -77,16 +35,6 @@ def test_a_resume_with_strided_expert_shards_is_bitwise(tmp_path, builtin_assets
     assert [r["step"] for r in again] == [4, 5, 6]
     assert [r["loss"] for r in again] == [r["loss"] for r in uninterrupted[3:]]
     assert [r["grad_norm"] for r in again] == [r["grad_norm"] for r in uninterrupted[3:]]
-
-
-@pytest.mark.parametrize("layout", ["fsdp2", "ep2", "tp2"])
-def test_diagnostics_match_single_process(records, layout):
-    """Including the expert stacks' stable-rank summaries (experts sharded under EP)."""
-    single, other = diagnostics(records["single"]), diagnostics(records[layout])
-    assert "5:gamma/stable_rank/layers.1.moe.experts.w2/min" in single
-    assert set(other) == set(single)
-    for key, value in single.items():
-        assert other[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
 
 
 @pytest.mark.parametrize("nproc", [2, 4])

@@ -1,6 +1,6 @@
 """FSDP and TP on CPU (gloo, 2 processes) against a single-process reference: the same
-initial weights, the same losses step by step, and the same live diagnostics; and
-diagnostics that leave the losses bitwise unchanged."""
+initial weights, and checkpoints that convert to the same Hugging Face tensors. (Losses,
+parameters and diagnostics of every layout against one process: test_layouts.py.)"""
 
 import os
 import subprocess
@@ -9,16 +9,14 @@ import sys
 import pytest
 import torch
 
-from helpers import DEBUG_TOML, QUIET, REPO, read_metrics, run_trainer
+from helpers import DEBUG_TOML, QUIET, REPO
 
 pytestmark = pytest.mark.multiprocess
 
 DETERMINISTIC = ("--debug.deterministic", "true", "--debug.seed", "7")
-DIAGNOSTICS = ("--gamma.diagnostics.enable", "true", "--gamma.diagnostics.freq", "5")  # steps 1 and 5
 LAYOUTS = {
     # name: (processes, local batch, extra overrides); the global batch is 4 everywhere
     "single": (1, 4, ()),
-    "single-no-diagnostics": (1, 4, ("--gamma.diagnostics.enable", "false")),
     "fsdp2": (2, 2, ("--parallelism.data_parallel_shard_degree", "2")),
     "tp2": (2, 4, ("--parallelism.tensor_parallel_degree", "2",
                    "--parallelism.data_parallel_shard_degree", "1")),
@@ -64,52 +62,3 @@ def test_initial_weights_do_not_depend_on_parallel_degrees(tmp_path, builtin_ass
     for layout in ("fsdp2", "tp2"):
         assert converted[layout].keys() == converted["single"].keys()
         assert all(converted[layout][k].equal(v) for k, v in converted["single"].items()), layout
-
-
-@pytest.fixture(scope="module")
-def records(tmp_path_factory, builtin_assets):
-    out = {}
-    for layout, (nproc, batch, extra) in LAYOUTS.items():
-        dump = tmp_path_factory.mktemp(layout)
-        run_trainer(dump, "--training.steps", "5", "--training.local_batch_size", str(batch),
-                    *QUIET, *DETERMINISTIC, *DIAGNOSTICS, *extra, nproc=nproc)
-        out[layout] = read_metrics(dump)
-    return out
-
-
-@pytest.fixture(scope="module")
-def losses(records):
-    return {layout: [r["loss"] for r in rs] for layout, rs in records.items()}
-
-
-def diagnostics(records: list[dict]) -> dict[str, float]:
-    """gamma/* of every measured step, keyed 'step:tag' (timing left out)."""
-    return {f"{r['step']}:{k}": v for r in records for k, v in r.items()
-            if k.startswith("gamma/") and k != "gamma/diagnostics_seconds"}
-
-
-@pytest.mark.parametrize("layout", ["fsdp2", "tp2"])
-def test_losses_match_single_process(losses, layout):
-    assert len(losses["single"]) == 5
-    assert losses["single"][-1] < losses["single"][0]
-    # The issue asks for rtol 1e-4; matched layouts agree to ~5e-7, so hold them to 2e-5.
-    torch.testing.assert_close(torch.tensor(losses[layout]), torch.tensor(losses["single"]),
-                               rtol=2e-5, atol=0)
-
-
-def test_diagnostics_leave_losses_bitwise_unchanged(losses, records):
-    assert losses["single"] == losses["single-no-diagnostics"]
-    assert not diagnostics(records["single-no-diagnostics"])
-
-
-@pytest.mark.parametrize("layout", ["fsdp2", "tp2"])
-def test_diagnostics_match_single_process(records, layout):
-    """Sink score, residual flow, ε-domination, gate statistics and stable ranks at steps 1
-    and 5: the same at FSDP=2 and TP=2 as in one process (the weights themselves agree to
-    ~1e-6 after a step: gradient sums are added in another order)."""
-    single, other = diagnostics(records["single"]), diagnostics(records[layout])
-    assert {k.split(":")[0] for k in single} == {"1", "5"}
-    assert any("sink_score/layer_3" in k for k in single) and any("stable_rank/output.weight" in k for k in single)
-    assert set(other) == set(single)
-    for key, value in single.items():
-        assert other[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key

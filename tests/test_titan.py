@@ -187,7 +187,8 @@ def test_context_parallel_on_a_cpu_is_refused_in_one_line(builtin_assets):
     with pytest.raises(ConfigError) as err:
         preflight(config, world_size=2)
     assert str(err.value) == ("parallelism.context_parallel_degree = 2: context parallelism needs CUDA SDPA "
-                              "kernels (PyTorch has no CPU ring attention); use 1 on this machine")
+                              "kernels (PyTorch has no CPU ring attention); use --parallelism.data_parallel_shard_degree 2 "
+                              "--parallelism.context_parallel_degree 1 (shard 2)")
     config = load_job_config(["--job.config_file", str(TITAN_CONFIGS["llama3"]),
                               "--parallelism.pipeline_parallel_degree", "2"])
     with pytest.raises(ConfigError, match="gamma.diagnostics.enable = true needs parallelism.pipeline_parallel"):
@@ -211,13 +212,15 @@ def test_what_cannot_run_on_a_cpu_is_refused_in_one_line(builtin_assets):
     for model, flavor in (("qwen3", ("--model.flavor", "debugmodel_moe")), ("deepseek_v3", ())):
         assert refusal("--parallelism.expert_parallel_degree", "2", *flavor, model=model) == (
             f"parallelism.expert_parallel_degree = 2: {model}'s expert parallelism (TorchTitan's) orders tokens "
-            "with a Triton kernel, which needs CUDA; use 1 on this machine")
+            "with a Triton kernel, which needs CUDA; use --parallelism.expert_parallel_degree 1 (shard 2)")
 
     assert refusal("--parallelism.tensor_parallel_degree", "2") == (
         "parallelism.tensor_parallel_degree = 2: qwen3's tensor parallelism shards SDPA's inputs, which needs "
-        "CUDA SDPA kernels; use 1 on this machine")
+        "CUDA SDPA kernels; use --parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 1 "
+        "(shard 2)")
     assert refusal("--parallelism.pipeline_parallel_degree", "2", "--gamma.diagnostics.enable", "false") == (
-        "parallelism.pipeline_parallel_degree = 2: qwen3 supports 1 (no pipeline parallelism)")
+        "parallelism.pipeline_parallel_degree = 2: qwen3 supports 1 (no pipeline parallelism); use "
+        "--parallelism.data_parallel_shard_degree 2 --parallelism.pipeline_parallel_degree 1 (shard 2)")
 
 
 def materialised(spec, args):

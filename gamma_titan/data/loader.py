@@ -2,7 +2,8 @@
 
 Shard datasets ("builtin", "builtin_validation", "memmap"; shard_sources.py) are read as
 `PackedSequences` (rank_batches.py) over their global sample sequence: DP-invariant,
-checkpointed, no tokenization in the training process. Every other name ("hf", TorchTitan's own) goes
+checkpointed as one position that any data-parallel degree resumes, no tokenization in the
+training process. Every other name ("hf", TorchTitan's own) goes
 through TorchTitan's streaming text loader with the sources registered in registry.py.
 
 `build_validation_dataloader` is the validator's (gamma_titan/training/validator.py).
@@ -11,6 +12,7 @@ through TorchTitan's streaming text loader with the sources registered in regist
 from __future__ import annotations
 
 from dataclasses import asdict
+from typing import Any
 
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.hf_datasets.text_datasets import build_text_dataloader, build_text_validation_dataloader
@@ -27,11 +29,42 @@ def _check_workers(section, key: str) -> None:
                           f"dataset '{section.dataset}' (reads are memory-mapped; workers would only copy them)")
 
 
+class ShardDataloader(ParallelAwareDataloader):
+    """TorchTitan's dataloader around a `PackedSequences`, whose checkpoint state is where
+    the global order stands: {"position": samples the ranks have read together}, the same
+    number on every rank, so that any data-parallel degree, and any global batch, resumes
+    at exactly the next sample. (TorchTitan's own state is one entry per data-parallel
+    rank, and it refuses another degree; `legacy_form` reads checkpoints written so.)"""
+
+    def __init__(self, dataset: PackedSequences, **kwargs):
+        super().__init__(dataset, **kwargs)
+        self.legacy_form = False
+
+    def position(self) -> int:
+        return self.dataset.position()
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.legacy_form:
+            return super().state_dict()
+        return {"position": self.dataset.position()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if "position" in state_dict:
+            self.dataset.seek(int(state_dict["position"]))
+        else:
+            super().load_state_dict(state_dict)
+
+    def read_form(self, keys: set[str]) -> None:
+        """Present the form of the checkpoint about to be loaded (its DCP keys): TorchTitan's
+        per-rank one when it holds no position (GammaCheckpointManager.load)."""
+        self.legacy_form = "dataloader.position" not in keys and any(k.startswith("dataloader.") for k in keys)
+
+
 def shard_dataloader(dataset: PackedSequences, dp_rank: int, dp_world_size: int, dataloader_config):
-    """TorchTitan's checkpointable dataloader around a `PackedSequences`, which yields whole
-    batches itself (batch_size=None: no per-sample collation)."""
-    return ParallelAwareDataloader(dataset, dp_rank=dp_rank, dp_world_size=dp_world_size,
-                                   **{**asdict(dataloader_config), "batch_size": None})
+    """`ShardDataloader` around a `PackedSequences`, which yields whole batches itself
+    (batch_size=None: no per-sample collation)."""
+    return ShardDataloader(dataset, dp_rank=dp_rank, dp_world_size=dp_world_size,
+                           **{**asdict(dataloader_config), "batch_size": None})
 
 
 def build_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config, infinite: bool = True):

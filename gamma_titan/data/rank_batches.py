@@ -5,7 +5,11 @@ Global batch k is samples k·W·B ... (k+1)·W·B − 1; data-parallel rank r of
 batch B, takes the r-th slice of B. So one process with batch W·B sees exactly the union of
 what W processes with batch B see: runs at different FSDP degrees train on the same data,
 which is what makes them comparable step by step. The state is the number of samples this
-rank has taken, so a resumed run continues with the very next batch.
+rank has taken, so a resumed run continues with the very next batch. Between steps the
+ranks together have read the first `position()` samples of the global order whatever W
+and B are: `seek(position)` starts a rank there, so a run resumes at another
+data-parallel degree, or with another global batch, at exactly the next sample
+(loader.ShardDataloader checkpoints that position).
 
 It yields whole local batches (B, L) rather than samples: the dataloader then does no
 per-sample collation (build it with batch_size=None, as `loader.shard_dataloader` does),
@@ -49,16 +53,26 @@ class PackedSequences(IterableDataset, Stateful):
             raise ConfigError(
                 f"{key} = {name!r}: {samples.epoch_samples} sequences, fewer than one global batch "
                 f"({dp_world_size} x {local_batch_size}); add data or lower the seq_len or batch size")
-        self._consumed = 0  # samples this rank has yielded
+        self._start = 0  # the global sample this reading began at (a resume's position)
+        self._consumed = 0  # samples this rank has yielded since
 
     def _global_index(self, consumed: int) -> int:
         k, j = divmod(consumed, self.batch)  # global batch, position in the local batch
-        return k * self.world * self.batch + self.rank * self.batch + j
+        return self._start + k * self.world * self.batch + self.rank * self.batch + j
+
+    def position(self) -> int:
+        """Samples of the global order the ranks have read together, once each has read as
+        many whole local batches as this one (between steps, every rank has)."""
+        return self._start + self._consumed // self.batch * self.world * self.batch
+
+    def seek(self, position: int) -> None:
+        """Read on from global sample `position` (a resume, at any degree or batch)."""
+        self._start, self._consumed = position, 0
 
     def _batch_exhausted(self, k: int) -> str | None:
         """Name of a stream that global batch k would take past its first epoch, if any."""
         size = self.world * self.batch
-        for g in range(k * size, (k + 1) * size):
+        for g in range(self._start + k * size, self._start + (k + 1) * size):
             name = self.samples.first_exhausted(g)
             if name is not None:
                 return name
@@ -66,7 +80,7 @@ class PackedSequences(IterableDataset, Stateful):
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         if self.restart:
-            self._consumed = 0
+            self._start, self._consumed = 0, 0
         while True:
             k, j = divmod(self._consumed, self.batch)
             if self.stop:
@@ -83,7 +97,8 @@ class PackedSequences(IterableDataset, Stateful):
             yield {"input": window[:, :-1]}, window[:, 1:]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"consumed": self._consumed}
+        return {"consumed": self._consumed, "start": self._start}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._consumed = int(state_dict["consumed"])
+        self._start = int(state_dict.get("start", 0))  # absent in checkpoints written before seek()

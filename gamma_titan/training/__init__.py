@@ -3,14 +3,15 @@
   main          the entry point (`-m gamma_titan.train`): parse, pre-flight, start-up summary, train
   preflight     every check that can run before a process group starts (one-line errors)
   derive        settings a config leaves to the machine (HSDP, expert-parallel degree, float8 filter)
-  train_spec    registers each family's TrainSpec with our data, tokenizer, metrics and validator
+  layout        the [parallelism] degrees resolved, and the layouts refused (each naming one that works)
+  train_spec    registers each family's TrainSpec with our data, tokenizer, metrics, validator and DDP sums
   validator     GammaValidator: TorchTitan's Validator reading shard datasets with our loader
   optimizer     which parameters AdamW decays ([optimizer] weight_decay_policy)
   trainer       GammaTrainer: TorchTitan's Trainer with the step guard, SIGTERM and live diagnostics
   checkpoint    GammaCheckpointManager: TorchTitan's, with the rules a multi-week run needs
   step_guard    the non-finite step guard and loss spikes ([gamma.reliability])
   graceful_stop SIGTERM: finish the step, checkpoint it, exit 0 (or 143 after the grace period)
-  checkpoint_folders  which checkpoints a folder holds; keep-last-K over complete ones only
+  checkpoint_folders  which checkpoints a folder holds and where they stood; keep-last-K over complete ones
   metrics       metrics.jsonl and TensorBoard: TorchTitan's logs plus diagnostics, MoE load, progress
   console       train.log in the run folder, colour only for a terminal, CPU noise, the last lines
   run_record    the resolved config, versions and command of each run

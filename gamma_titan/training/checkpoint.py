@@ -70,7 +70,19 @@ class GammaCheckpointManager(CheckpointManager):
         return any(k.startswith(f"{key}.") for k in keys)
 
     def load(self, step: int = -1) -> bool:
+        """TorchTitan's load; first the states that have a form of their own (the trainer's
+        train_state, the shard dataloader) are told which form the checkpoint holds."""
+        resume = self._resume_step(step)
+        if resume > 0:
+            keys = set(FileSystemReader(os.path.join(self.folder, step_folder(resume))).read_metadata()
+                       .state_dict_metadata)
+            for state in self.states.values():
+                if hasattr(state, "read_form"):
+                    state.read_form(keys)
         loaded = super().load(step)
+        for state in self.states.values():
+            if hasattr(state, "read_form"):
+                state.read_form(set())  # what it saves from now on: its own form
         if self._diagnostics is not None:
             self.states[DIAGNOSTICS_STATE] = self._diagnostics  # saved from now on
         return loaded

@@ -64,3 +64,27 @@ def purge_keeping_complete(checkpointer) -> None:
         doomed += [s for s in incomplete if s < complete[-1]]
     for step in sorted(doomed):
         checkpointer.purge_queue.put(os.path.join(checkpointer.folder, step_folder(step)))
+
+
+def saved_progress(step_path: str | os.PathLike) -> dict:
+    """What a complete checkpoint says of where its run stood, read without a process group:
+    {"keys": its DCP keys, "step", "tokens_seen", "global_batch_size",
+    "data_parallel_degree", "position"} with None for what it does not hold. Checkpoints
+    of TorchTitan's form (and of datasets read per rank) hold no position; their
+    data-parallel degree is the number of per-rank dataloader entries."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+
+    keys = set(FileSystemReader(str(step_path)).read_metadata().state_dict_metadata)
+    wanted = {"train_state": {k: 0 for k in ("step", "tokens_seen", "global_batch_size", "data_parallel_degree")
+                              if f"train_state.{k}" in keys},
+              "dataloader": {"position": 0} if "dataloader.position" in keys else {}}
+    wanted = {k: v for k, v in wanted.items() if v}
+    if wanted:
+        dcp.load(wanted, checkpoint_id=str(step_path), no_dist=True)
+    train, loader = wanted.get("train_state", {}), wanted.get("dataloader", {})
+    ranks = {k.split(".")[1] for k in keys if k.startswith("dataloader.dp_rank_")}
+    return {"keys": keys, "step": train.get("step"), "tokens_seen": train.get("tokens_seen"),
+            "global_batch_size": train.get("global_batch_size"),
+            "data_parallel_degree": train.get("data_parallel_degree", len(ranks) or None),
+            "position": loader.get("position")}

@@ -4,6 +4,8 @@ them, so that one config runs unchanged on one node or on many:
 * `parallelism.data_parallel_replicate_degree = -1`: HSDP, i.e. FSDP inside a node
   (`data_parallel_shard_degree = -1`: the node's GPUs over TP) and replication across
   nodes. Parameters are gathered over NVLink; only gradients cross nodes, once a step.
+  When TP (or CP) fills a node, nothing is left to shard inside it, and replicas without
+  shards (DDP) take no other parallelism: then FSDP spans the nodes instead (replicate 1).
 * `parallelism.expert_parallel_degree = -1`: the largest degree that divides the routed
   experts, the data-parallel shard degree and the GPUs of one node (all-to-all stays
   inside a node); 1 on one GPU.
@@ -44,6 +46,8 @@ def _derive_hsdp(config, world_size: int, local_world_size: int) -> None:
             raise ConfigError(f"parallelism.data_parallel_replicate_degree = -1: the {local_world_size} GPUs of a "
                               f"node do not divide into tensor x context parallel groups of {inner}")
         p.data_parallel_shard_degree = local_world_size // inner
+        if p.data_parallel_shard_degree == 1 and inner > 1:
+            p.data_parallel_shard_degree = max(1, world_size // inner)
     p.data_parallel_replicate_degree = max(1, world_size // (p.data_parallel_shard_degree * inner))
 
 

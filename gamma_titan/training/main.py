@@ -15,7 +15,7 @@ import sys
 from gamma_titan.config import load_job_config
 from gamma_titan.errors import ConfigError
 from gamma_titan.inspect_model import format_report, inspect_model, tokens_per_step, weight_decay_report
-from gamma_titan.training.preflight import launch_warnings, preflight, world_size_from_env
+from gamma_titan.training.preflight import launch_warnings, preflight, resume_notes, world_size_from_env
 
 #: Above this many parameters the startup summary skips the measured part (it draws
 #: every weight once more on the CPU); `gamma-titan inspect` always measures.
@@ -130,6 +130,8 @@ def train(config, spec, args) -> None:
         world = world_size_from_env()
         for warning in launch_warnings(config, args, world, int(os.environ.get("LOCAL_WORLD_SIZE", world))):
             logger.warning(warning.removeprefix("warning: "))  # a grace period that cannot cover the save
+        for note in resume_notes(config, world):  # another degree or global batch, data started over
+            logger.warning(note)
     from gamma_titan.training.step_guard import NonFiniteError
 
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
 import torch
 
@@ -26,38 +27,13 @@ def global_batch_size(training, data_parallel_degree: int) -> int:
 
 
 def check_parallelism(config, world_size: int, args) -> None:
-    p = config.parallelism  # each degree is an integer >= 1 (gamma_titan/config/titan_keys.py)
-    if p.pipeline_parallel_degree > 1 and not args.supports_pipeline_parallel():
-        raise ConfigError(f"parallelism.pipeline_parallel_degree = {p.pipeline_parallel_degree}: "
-                          f"{config.model.name} supports 1 (no pipeline parallelism)")
-    if p.context_parallel_degree > 1 and not args.supports_context_parallel():
-        # TorchTitan's CP shards the sequence and passes positions= to the model; our rotary
-        # cache is sliced by the local length, so each shard would be rotated as if it began
-        # at position 0.
-        raise ConfigError(f"parallelism.context_parallel_degree = {p.context_parallel_degree}: "
-                          f"{config.model.name} supports 1 (no context parallelism)")
-    if p.context_parallel_degree > 1 and not torch.cuda.is_available():
-        # Measured with torch 2.13: DTensor has no sharding strategy for the CPU's SDPA
-        # kernels (aten._scaled_dot_product_flash_attention_for_cpu), so ring attention
-        # fails at the first forward. tools/gpu_check.sh runs context parallelism on GPUs.
-        raise ConfigError(f"parallelism.context_parallel_degree = {p.context_parallel_degree}: context parallelism "
-                          "needs CUDA SDPA kernels (PyTorch has no CPU ring attention); use 1 on this machine")
-    if p.tensor_parallel_degree > 1 and args.tensor_parallel_shards_sdpa() and not torch.cuda.is_available():
-        # Measured with torch 2.13 (TorchTitan's qwen3, TP 2, gloo): the first forward raises
-        # "aten._scaled_dot_product_flash_attention_for_cpu does not have a sharding strategy".
-        raise ConfigError(f"parallelism.tensor_parallel_degree = {p.tensor_parallel_degree}: {config.model.name}'s "
-                          "tensor parallelism shards SDPA's inputs, which needs CUDA SDPA kernels; use 1 on this "
-                          "machine")
-    ep = p.expert_parallel_degree
-    if ep > 1 and args.expert_parallel_divisor() == 1:
-        raise ConfigError(f"parallelism.expert_parallel_degree = {ep} applies to MoE models; "
-                          f"{config.model.name} needs 1")
-    if ep > 1 and args.expert_parallel_needs_cuda() and not torch.cuda.is_available():
-        # Measured (TorchTitan's deepseek_v3, EP 2, gloo): the first forward fails in the Triton
-        # kernel that permutes the received tokens ("0 active drivers"). tools/gpu_check.sh runs it.
-        raise ConfigError(f"parallelism.expert_parallel_degree = {ep}: {config.model.name}'s expert parallelism "
-                          "(TorchTitan's) orders tokens with a Triton kernel, which needs CUDA; use 1 on this "
-                          "machine")
+    """The layout (training/layout.py: one line naming a layout that works), then what it
+    needs of the other keys."""
+    from gamma_titan.training.layout import LayoutRules
+
+    p = config.parallelism  # each degree is an integer >= 1, or -1 where allowed (config/titan_keys.py)
+    layout = LayoutRules(args, config.model.name, cuda=torch.cuda.is_available()).resolve(p, world_size)
+    ep = layout.ep
     ac = config.activation_checkpoint
     if ep > 1 and ac.mode == "selective" and ac.selective_ac_option == "op" and sac_replays_fsdp_hooks():
         # Measured (gamma_moe debug, EP 2 on 2 gloo ranks): the first backward fails with
@@ -70,40 +46,23 @@ def check_parallelism(config, world_size: int, args) -> None:
                           f"and selective_ac_option = \"op\" fails at the first backward on torch {torch.__version__} "
                           "(FSDP's hooks inside the checkpointed experts); use --activation_checkpoint.mode full, "
                           "a per-layer selective_ac_option such as 2, or expert_parallel_degree 1")
-    args.check_parallelism(p)
-    non_dp = p.tensor_parallel_degree * p.context_parallel_degree * p.data_parallel_replicate_degree
-    shard = p.data_parallel_shard_degree
-    if shard == -1:
-        if world_size % non_dp:
-            raise ConfigError(
-                f"world size {world_size} is not divisible by tensor x context x replicate degrees = {non_dp}"
-            )
-    elif shard * non_dp != world_size:
-        raise ConfigError(
-            f"parallelism.data_parallel_shard_degree = {shard}: the degrees multiply to {shard * non_dp} but the "
-            f"world size is {world_size} (use -1 to infer)"
-        )
-    dp_shard = world_size // non_dp if shard == -1 else shard
-    tp_sdpa = p.tensor_parallel_degree > 1 and args.tensor_parallel_shards_sdpa()
-    if tp_sdpa and sdpa_dtype(config, dp_shard) == "float32":
+    tp_sdpa = layout.tp > 1 and args.tensor_parallel_shards_sdpa()
+    if tp_sdpa and sdpa_dtype(config, layout.shard) == "float32":
         # DTensor SDPA has sharding rules for the flash, cuDNN and memory-efficient kernels,
         # and TorchTitan's attention allows only cuDNN, flash (both bf16/fp16) and math (no
         # rule): in float32 the first forward fails.
-        raise ConfigError(f"parallelism.tensor_parallel_degree = {p.tensor_parallel_degree}: {config.model.name}'s "
+        raise ConfigError(f"parallelism.tensor_parallel_degree = {layout.tp}: {config.model.name}'s "
                           "tensor parallelism hands SDPA sharded inputs, which have no float32 kernel; train in "
                           "bf16: with FSDP (data_parallel_shard_degree > 1) --training.mixed_precision_param "
                           "bfloat16, without it --training.dtype bfloat16")
-    if ep > 1 and (dp_shard * p.context_parallel_degree) % ep:
-        raise ConfigError(f"parallelism.expert_parallel_degree = {ep} must divide the data-parallel "
-                          f"shard degree ({dp_shard}) x context parallel degree")
-    per_step = config.training.local_batch_size * dp_shard * p.data_parallel_replicate_degree
+    per_step = config.training.local_batch_size * layout.data_parallel
     gbs = config.training.global_batch_size
     if gbs != -1 and (gbs < per_step or gbs % per_step):
         raise ConfigError(f"training.global_batch_size = {gbs!r}: must be -1 or a multiple of local_batch_size x "
                           f"data-parallel degree = {per_step} (the rest is gradient accumulation)")
-    if config.training.seq_len % p.tensor_parallel_degree:
+    if config.training.seq_len % layout.tp:
         raise ConfigError(f"training.seq_len = {config.training.seq_len} must be divisible by "
-                          f"parallelism.tensor_parallel_degree = {p.tensor_parallel_degree} (sequence parallelism)")
+                          f"parallelism.tensor_parallel_degree = {layout.tp} (sequence parallelism)")
 
 
 def check_training(config, world_size: int) -> None:
@@ -298,17 +257,14 @@ def parameter_shapes(model_name: str, args) -> dict[str, tuple[int, ...]]:
         return {n: tuple(p.shape) for n, p in TRAIN_SPECS[model_name].model_cls(args).named_parameters()}
 
 
-def check_resume(config, args) -> None:
+def check_resume(config, args, world_size: int) -> None:
     """The checkpoint a run would resume from must be a full one of this model. DCP
     itself reports either problem only after the process group is up, as a raw traceback."""
     import json
-    from pathlib import Path
-
-    from torch.distributed.checkpoint import FileSystemReader
 
     from gamma_titan.convert.model_record import args_from_record, model_record
     from gamma_titan.files import MODEL_FILE, step_folder
-    from gamma_titan.training.checkpoint_folders import checkpoint_steps
+    from gamma_titan.training.checkpoint_folders import checkpoint_steps, saved_progress
 
     ckpt = config.checkpoint
     folder = Path(config.job.dump_folder) / ckpt.folder
@@ -329,12 +285,72 @@ def check_resume(config, args) -> None:
                 differ.insert(0, f"model.name = {saved_name!r} there, {config.model.name!r} here")
             raise ConfigError(f"checkpoint.folder: {folder} holds checkpoints of another model shape "
                               f"({'; '.join(differ)}); use another job.dump_folder, or the model they were saved with")
-    keys = FileSystemReader(str(folder / step_folder(step))).read_metadata().state_dict_metadata
+    saved = saved_progress(folder / step_folder(step))
+    keys = saved["keys"]
     if not any(key.startswith("train_state") for key in keys):
         raise ConfigError(
             f"checkpoint.folder: {step_folder(step)} in {folder} holds the model only (checkpoint.last_save_model_only = "
             f"true), which cannot resume a run; start a new job.dump_folder with --checkpoint.initial_load_path "
             f"{folder / step_folder(step)} for its weights, or resume from a full checkpoint (--checkpoint.load_step)")
+    check_resume_layout(config, world_size, folder / step_folder(step), saved)
+
+
+def data_parallel_degree(config, world_size: int) -> int:
+    """Ranks a global batch is split over (TorchTitan's batch mesh): all but TP, CP and PP."""
+    p = config.parallelism
+    return max(1, world_size // (p.tensor_parallel_degree * p.context_parallel_degree * p.pipeline_parallel_degree))
+
+
+def check_resume_layout(config, world_size: int, step_path, saved: dict) -> None:
+    """A resume at another data-parallel degree needs the data position every degree can
+    continue (the shard datasets' ShardDataloader); a checkpoint that holds the position
+    per rank (TorchTitan's text loader, or written before) resumes at its own degree only."""
+    from gamma_titan.data.names import is_shard_dataset
+
+    before, now = saved["data_parallel_degree"], data_parallel_degree(config, world_size)
+    if before is None or before == now or "dataloader" in config.checkpoint.exclude_from_loading:
+        return
+    if saved["position"] is None:
+        why = (f"training.dataset {config.training.dataset!r} is read per rank (TorchTitan's text loader)"
+               if "dataloader.position" not in saved["keys"] and not is_shard_dataset(config.training.dataset)
+               else "it holds the data position per rank (written before positions were global)")
+        raise ConfigError(
+            f"checkpoint.folder: {step_path} was saved at data-parallel degree {before} and this launch has {now}; "
+            f"{why}, so only degree {before} continues its data: launch with that degree, pretokenize the data "
+            "(gamma-titan pretokenize: any degree resumes shards), or start its data over with "
+            "--checkpoint.exclude_from_loading dataloader")
+
+
+def resume_notes(config, world_size: int) -> list[str]:
+    """What a resume changes, said at start: another data-parallel degree or global batch
+    (the data continues at its next sequence; the step and the LR schedule go on counting
+    optimizer steps), or data started over (exclude_from_loading)."""
+    from gamma_titan.files import step_folder
+    from gamma_titan.training.checkpoint_folders import checkpoint_steps, saved_progress
+
+    ckpt = config.checkpoint
+    folder = Path(config.job.dump_folder) / ckpt.folder
+    if not ckpt.enable or not folder.is_dir():
+        return []
+    complete, _ = checkpoint_steps(folder)
+    step = ckpt.load_step if ckpt.load_step != -1 else (complete[-1] if complete else -1)
+    if step <= 0 or step not in complete:
+        return []
+    saved = saved_progress(folder / step_folder(step))
+    notes, dp = [], data_parallel_degree(config, world_size)
+    position, name = saved["position"], step_folder(step)
+    if position is not None and saved["data_parallel_degree"] != dp:
+        notes.append(f"resuming {name} at data-parallel degree {dp} (saved at {saved['data_parallel_degree']}): the "
+                     f"model and optimizer are resharded, and the data continues at sequence {position}")
+    batch = global_batch_size(config.training, dp)
+    if position is not None and saved["global_batch_size"] != batch:
+        notes.append(f"resuming {name} with a global batch of {batch} sequences (saved with "
+                     f"{saved['global_batch_size']}): the data continues at sequence {position}, and the step and "
+                     f"the LR schedule at step {saved['step']} (they count optimizer steps, not sequences)")
+    if "dataloader" in ckpt.exclude_from_loading:
+        notes.append(f"resuming {step_folder(step)} with checkpoint.exclude_from_loading = dataloader: the data "
+                     "starts again from its first sequence")
+    return notes
 
 
 def preflight(config, world_size: int | None = None, local_world_size: int | None = None):
@@ -354,7 +370,7 @@ def preflight(config, world_size: int | None = None, local_world_size: int | Non
     check_parallelism(config, world_size, args)
     check_data(config, args, world_size)
     check_diagnostics(config, spec, args)
-    check_resume(config, args)
+    check_resume(config, args, world_size)
     if config.checkpoint.enable and config.checkpoint.last_save_in_hf:
         spec.state_dict_adapter(args, None).hf_config()  # a model HF form cannot hold: refused now, not at the end
     return spec, args

@@ -1,7 +1,8 @@
 """The families' TrainSpecs as the trainer runs them: each family's own (gamma_titan/models),
 with the project's data (shard datasets, and TorchTitan's text loader for the others),
-tokenizer ("builtin"), metrics (metrics.jsonl, diagnostics), validator, and the family's
-optimizer builder followed by [optimizer] weight_decay_policy; registered with TorchTitan
+tokenizer ("builtin"), metrics (metrics.jsonl, diagnostics), validator, the family's
+optimizer builder followed by [optimizer] weight_decay_policy, and its parallelize function
+with DDP's gradients summed; registered with TorchTitan
 under the family's name, so TorchTitan's trainer and ours both build them; and
 `resolve_model`, the registered spec and model args a config asks for.
 
@@ -10,6 +11,7 @@ TorchTitan's own trainer finds them through `--experimental.custom_import
 gamma_titan.training.train_spec`, as every config of ours says)."""
 
 import dataclasses
+import functools
 
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 from torchtitan.protocols import train_spec as titan_train_spec
@@ -31,8 +33,28 @@ def build_tokenizer(job_config) -> HuggingFaceTokenizer:
     return HuggingFaceTokenizer(str(resolve_tokenizer_path(job_config.model.hf_assets_path)))
 
 
+def with_summed_ddp_gradients(parallelize_fn):
+    """The family's parallelize function; where it applied TorchTitan's DDP (replicas
+    without shards), gradients are summed over the replicas rather than averaged
+    (models/common/parallelize.sum_ddp_gradients), for our families and TorchTitan's."""
+
+    @functools.wraps(parallelize_fn)
+    def parallelize(model, parallel_dims, job_config):
+        from torch.distributed._composable.replicate import replicate
+
+        from gamma_titan.models.common.parallelize import sum_ddp_gradients
+
+        model = parallelize_fn(model, parallel_dims, job_config)
+        if replicate.state(model) is not None:
+            sum_ddp_gradients(model, parallel_dims.get_mesh("dp_replicate").get_group())
+        return model
+
+    return parallelize
+
+
 def with_our_components(spec: TrainSpec) -> TrainSpec:
-    return dataclasses.replace(spec, build_dataloader_fn=build_dataloader, build_tokenizer_fn=build_tokenizer,
+    return dataclasses.replace(spec, parallelize_fn=with_summed_ddp_gradients(spec.parallelize_fn),
+                               build_dataloader_fn=build_dataloader, build_tokenizer_fn=build_tokenizer,
                                build_validator_fn=build_validator,
                                build_metrics_processor_fn=build_metrics_processor,
                                build_optimizers_fn=with_weight_decay_policy(spec.build_optimizers_fn))

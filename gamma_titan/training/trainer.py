@@ -21,6 +21,7 @@ import re
 
 import torch
 import torchtitan.distributed.utils as dist_utils
+from torch.distributed._composable.replicate import replicate
 from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.components.dataloader import DataloaderExhaustedError
 from torchtitan.components.loss import IGNORE_INDEX
@@ -56,6 +57,7 @@ def float8_layers(model_parts) -> str:
 
 class GammaTrainer(Trainer):
     def __init__(self, job_config):
+        self.legacy_train_state = 0  # read_form: the saving run's data-parallel degree, for TorchTitan's form
         super().__init__(job_config)
         self.checkpointer = self._gamma_checkpointer(self.checkpointer)
         for part in self.model_parts:  # the MoE auxiliary loss is weighted by it
@@ -118,13 +120,16 @@ class GammaTrainer(Trainer):
         lr = self.lr_schedulers.schedulers[0].get_last_lr()[0]
         dims = self.parallel_dims
         microbatches = [next(data_iterator) for _ in range(self.gradient_accumulation_steps)]
+        # TorchTitan's batch_generator counted this rank's tokens; the other ranks read as many.
+        self.ntokens_seen += sum(labels.numel() for _, labels in microbatches) * (self._data_parallel_degree() - 1)
         local_tokens = sum((labels != IGNORE_INDEX).sum() for _, labels in microbatches).to(self.device)
         if dims.dp_enabled:
             global_tokens = dist_utils.dist_sum(local_tokens, dims.get_mesh("batch"))
         else:
             global_tokens = local_tokens.float()
         losses = []
-        for input_dict, labels in microbatches:
+        for i, (input_dict, labels) in enumerate(microbatches):
+            self._sync_ddp_gradients(last=i == len(microbatches) - 1)
             input_dict = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in input_dict.items()}
             losses.append(self.forward_backward_step(input_dict=input_dict, labels=labels.to(self.device),
                                                      global_valid_tokens=global_tokens).detach())
@@ -146,6 +151,15 @@ class GammaTrainer(Trainer):
             self.lr_schedulers.step()
         if self.metrics_processor.should_log(self.step):
             self._log(verdict, loss, global_tokens, local_tokens, lr)
+
+    def _sync_ddp_gradients(self, last: bool) -> None:
+        """Under DDP (replicas without shards) gradients are summed over the replicas once a
+        step, in the last micro-batch's backward: the earlier ones accumulate locally. (DDP
+        reducing every micro-batch would add the already-summed gradient in again, since
+        the reduction sums: models/common/parallelize.sum_ddp_gradients.)"""
+        for part in self.model_parts:
+            if replicate.state(part) is not None:
+                part.set_requires_gradient_sync(last)
 
     def _verdict(self, loss: torch.Tensor, grad_norm: torch.Tensor):
         """What every rank must agree on, in one collective and one host sync
@@ -180,13 +194,18 @@ class GammaTrainer(Trainer):
 
     def _spike_record(self, loss: float, mean: float) -> dict:
         """The spike and where its data came from: the step's global batch, i.e. sequences
-        [(step-1)·G, step·G) of the training order (G sequences per step), which
-        `gamma_titan.data` reproduces from the data config alone."""
-        # TorchTitan's Trainer derived the accumulation steps from the global batch size.
-        per_step = self.gradient_accumulation_steps * self.job_config.training.local_batch_size \
+        [P - G, P) of the training order (G sequences per step, P the loader's position after
+        the step: (step-1)·G to step·G unless a resume changed G), which `gamma_titan.data`
+        reproduces from the data config alone."""
+        per_step = self._global_batch_size()
+        end = self.dataloader.position() if hasattr(self.dataloader, "position") else self.step * per_step
+        return {"loss": loss, "running_mean": mean, "global_batch": self.step - 1, "sequences": [end - per_step, end]}
+
+    def _global_batch_size(self) -> int:
+        """Sequences per optimizer step (TorchTitan's Trainer derived the accumulation steps
+        from it)."""
+        return self.gradient_accumulation_steps * self.job_config.training.local_batch_size \
             * self._data_parallel_degree()
-        return {"loss": loss, "running_mean": mean, "global_batch": self.step - 1,
-                "sequences": [(self.step - 1) * per_step, self.step * per_step]}
 
     def _data_parallel_degree(self) -> int:
         """The ranks a global batch is split over (its loss is averaged over them)."""
@@ -200,12 +219,36 @@ class GammaTrainer(Trainer):
             mesh = self.parallel_dims.get_optional_mesh("loss")
             local_mean = loss.full_tensor() if hasattr(loss, "full_tensor") else loss
             max_loss = dist_utils.dist_max(local_mean * global_tokens / local_tokens, mesh)
-            tokens_seen = dist_utils.dist_sum(torch.tensor(self.ntokens_seen, dtype=torch.int64,
-                                                           device=self.device), mesh)
         else:
-            max_loss, tokens_seen = verdict.loss, self.ntokens_seen
+            max_loss = verdict.loss
         self.metrics_processor.log(self.step, verdict.loss, max_loss, verdict.grad_norm,
-                                   extra_metrics={"n_tokens_seen": tokens_seen, "lr": lr})
+                                   extra_metrics={"n_tokens_seen": self.ntokens_seen, "lr": lr})
+
+    # --- the checkpoint's train_state --------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """The step, the tokens the whole run has seen (every rank holds the same number, so
+        any data-parallel degree resumes it), and the layout the step's batch had: what a
+        resume at another degree or global batch is checked against (preflight.resume_notes)."""
+        if self.legacy_train_state:
+            return super().state_dict()
+        return {"step": self.step, "tokens_seen": self.ntokens_seen, "global_batch_size": self._global_batch_size(),
+                "data_parallel_degree": self._data_parallel_degree()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.step = state_dict["step"]
+        if "tokens_seen" in state_dict:
+            self.ntokens_seen = state_dict["tokens_seen"]
+        else:  # TorchTitan's: this rank's tokens, as many as each of the saving run's ranks read
+            self.ntokens_seen = state_dict["ntokens_seen"] * self.legacy_train_state
+
+    def read_form(self, keys: set[str]) -> None:
+        """Present the form of the checkpoint about to be loaded (its DCP keys): TorchTitan's
+        train_state when it holds no global token count, whose per-rank count is scaled by
+        the saving run's data-parallel degree (its dataloader entries, one per rank)."""
+        legacy = "train_state.ntokens_seen" in keys and "train_state.tokens_seen" not in keys
+        ranks = {k.split(".")[1] for k in keys if k.startswith("dataloader.dp_rank_")}
+        self.legacy_train_state = max(1, len(ranks)) if legacy else 0
 
     # --- the loop ------------------------------------------------------------------------------
 

@@ -81,9 +81,10 @@ class GammaArgs(BaseModelArgs):
         """Raise ConfigError (naming the [model_args] or [gamma] key) for a shape that cannot work."""
         raise NotImplementedError
 
-    def check_parallelism(self, parallelism) -> None:
-        """Raise ConfigError for degrees of [parallelism] this model cannot be split by
-        (called before any process group starts)."""
+    def check_parallelism(self, layout) -> None:
+        """Raise ConfigError for degrees of a layout (training/layout.py's Layout: tp, ep,
+        ...) this model's shapes cannot be split by (called before any process group
+        starts; the layout rules all models share are layout.py's)."""
         raise NotImplementedError
 
     # --- what the rest of the package asks ---------------------------------------------

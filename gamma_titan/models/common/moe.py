@@ -22,7 +22,8 @@ DeepSeek-V3's pair:
     averaged (f_i: the share of the sequence's routed slots that go to expert i, P_i: its
     mean normalised score; 1·α when perfectly balanced). It enters through the gradient
     only (`AuxLossGrad`), so the logged training loss stays the language-model loss; its
-    value is logged as `moe/aux_loss`.
+    value is logged as `moe/aux_loss`: the mean over the MoE layers and the global batches
+    since the last log, whatever the data-parallel degree and accumulation steps.
 """
 
 from __future__ import annotations
@@ -163,11 +164,18 @@ def moe_load_metrics(model_parts: list[nn.Module], batch_group=None) -> dict[str
     for _, router in routers:
         router.load.zero_()
     mean = loads.mean(dim=1).clamp_min(1e-9)
-    aux = [m.last_aux_loss for part in model_parts for m in part.modules()
-           if isinstance(m, MoELayer) and getattr(m, "last_aux_loss", None) is not None]
+    layers = [m for part in model_parts for m in part.modules()
+              if isinstance(m, MoELayer) and m.aux_loss_sum is not None]
+    if layers:  # the global batch's mean aux loss since the last call: Σ aux·share / Σ share, over ranks
+        aux = torch.stack([torch.stack([m.aux_loss_sum, m.aux_loss_sum.new_tensor(m.aux_loss_share)])
+                           for m in layers]).sum(dim=0)
+        if batch_group is not None:
+            torch.distributed.all_reduce(aux, group=batch_group)
+        for m in layers:
+            m.aux_loss_sum, m.aux_loss_share = None, 0.0
     # Every number in one device-to-host transfer (the log step's only one for the MoE).
     numbers = [loads.max(dim=1).values / mean, loads.min(dim=1).values / mean]
-    numbers += [torch.stack(aux).mean().reshape(1).float()] if aux else []  # the last micro-batch's, this rank
+    numbers += [(aux[0] / aux[1]).reshape(1)] if layers else []  # the mean over layers too
     host = torch.cat(numbers).tolist()
     n = len(routers)
     metrics = {}
@@ -176,7 +184,7 @@ def moe_load_metrics(model_parts: list[nn.Module], batch_group=None) -> dict[str
         metrics[f"moe/load_max_over_mean/layer_{layer}"] = host[i]
         metrics[f"moe/load_min_over_mean/layer_{layer}"] = host[n + i]
     metrics["moe/load_max_over_mean"] = max(host[:n])
-    if aux:
+    if layers:
         metrics["moe/aux_loss"] = host[2 * n]
     return metrics
 
@@ -259,6 +267,9 @@ class MoELayer(MoE):
         # per-micro-batch mean aux loss is weighted by this micro-batch's share of the
         # global batch (set_micro_batch_share).
         self.aux_loss_weight = 1.0
+        # For the log (moe_load_metrics): Σ aux·share and Σ share since the last log.
+        self.aux_loss_sum: torch.Tensor | None = None
+        self.aux_loss_share = 0.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (batch, seq, dim)."""
@@ -272,6 +283,9 @@ class MoELayer(MoE):
             aux = self.router.aux_loss_coeff * sequence_balance_loss(
                 scores.view(batch, seq, -1), indices.view(batch, seq, -1))
             self.last_aux_loss = aux.detach()
+            weighted = self.last_aux_loss * self.aux_loss_weight
+            self.aux_loss_sum = weighted if self.aux_loss_sum is None else self.aux_loss_sum + weighted
+            self.aux_loss_share += self.aux_loss_weight
             out = AuxLossGrad.apply(out, aux * self.aux_loss_weight)
         return out
 

@@ -1,5 +1,6 @@
 """Parallelism pieces every family shares: the tensor-parallel plan of the decoder
-(embedding, norms, output, attention of any kind, a dense SwiGLU), and FSDP on gloo.
+(embedding, norms, output, attention of any kind, a dense SwiGLU), FSDP on gloo, and
+DDP's gradient reduction.
 
 Heads are split across TP ranks Megatron-style, as TorchTitan's llama3 plan does; the
 attention gate is column-parallel like the queries, so each rank gates its own heads.
@@ -7,6 +8,7 @@ attention gate is column-parallel like the queries, so each rank gates its own h
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import Replicate, Shard
@@ -33,6 +35,23 @@ def force_sum_reductions(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_force_sum_reduction_for_comms(True)
+
+
+def sum_ddp_gradients(model: nn.Module, group) -> None:
+    """DDP (TorchTitan's apply_ddp: composable replicate) averages gradients over replicas,
+    but TorchTitan's loss is already divided by the global token count (as it sets FSDP's
+    divide factor to 1): averaged, the gradient is divided by the replicas twice (measured:
+    half the single-process gradient norm at 2 replicas, so clipping and the update differ).
+    Summed, it is the single-process gradient, provided the replicas reduce once a step:
+    GammaTrainer turns DDP's sync off for all but the last micro-batch (a reduction that sums
+    would otherwise add the gradient reduced at the previous micro-batch in again). Call
+    after apply_ddp, before the first step."""
+    model.register_comm_hook(group, _all_reduce_sum)
+
+
+def _all_reduce_sum(group, bucket):
+    work = torch.distributed.all_reduce(bucket.buffer(), group=group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
 
 
 def apply_tp(model: nn.Module, tp_mesh, loss_parallel: bool, float8_tensorwise: bool) -> None:

@@ -45,8 +45,8 @@ class DenseModelArgs(HeadShape, GammaArgs):
         check_heads(self)
         check_rope(self)
 
-    def check_parallelism(self, parallelism) -> None:
-        check_tensor_parallel(self, parallelism.tensor_parallel_degree, ("ffn_hidden_dim",))
+    def check_parallelism(self, layout) -> None:
+        check_tensor_parallel(self, layout.tp, ("ffn_hidden_dim",))
 
     def float8_excluded_fqns(self) -> list[str]:
         """Linear layers that stay in high precision under float8 training: the output head

@@ -62,6 +62,6 @@ def parallelize_dense(model: nn.Module, parallel_dims: ParallelDims, job_config)
         if device_type == "cpu":
             force_sum_reductions(model)
         logger.info("Applied FSDP to the model")
-    elif parallel_dims.dp_replicate_enabled:
+    elif parallel_dims.dp_replicate_enabled:  # replicas only: no other parallelism (training/layout.py)
         apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), enable_compile=compile_model)
     return model

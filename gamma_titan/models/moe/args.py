@@ -142,18 +142,17 @@ class MoEModelArgs(HeadShape, GammaArgs):
         the experts, and float8 rounding would reorder near-ties."""
         return ["output", "moe.router.gate"] + (["attention.gate_proj"] if self.attention_gate == "headwise" else [])
 
-    def check_parallelism(self, parallelism) -> None:
+    def check_parallelism(self, layout) -> None:
         """Heads and MLP widths split by TP; routed experts by EP, which TP excludes (for now)."""
-        tp, ep = parallelism.tensor_parallel_degree, parallelism.expert_parallel_degree
-        check_tensor_parallel(self, tp, ("ffn_hidden_dim", "moe_hidden_dim"))
-        if ep <= 1:
+        check_tensor_parallel(self, layout.tp, ("ffn_hidden_dim", "moe_hidden_dim"))
+        if layout.ep <= 1:
             return
-        if self.n_routed_experts % ep:
-            raise ConfigError(f"parallelism.expert_parallel_degree = {ep} must divide "
+        if self.n_routed_experts % layout.ep:
+            raise ConfigError(f"parallelism.expert_parallel_degree = {layout.ep} must divide "
                               f"model_args.n_routed_experts = {self.n_routed_experts}")
-        if tp > 1 or parallelism.expert_tensor_parallel_degree > 1:
-            raise ConfigError("parallelism.expert_parallel_degree > 1 with tensor parallelism is not "
-                              "supported for MoE models yet; use tensor_parallel_degree = 1")
+        if layout.tp > 1:
+            raise ConfigError(f"parallelism.expert_parallel_degree = {layout.ep} with tensor_parallel_degree = "
+                              f"{layout.tp} is not supported for gamma_moe yet")
 
     def expert_parallel_divisor(self) -> int:
         return self.n_routed_experts

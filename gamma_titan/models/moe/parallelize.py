@@ -1,7 +1,8 @@
 """Tensor and expert parallelism, activation checkpointing, torch.compile and FSDP2 for
 gamma_moe.
 
-The order is TorchTitan's: TP → EP → AC → compile (per block) → FSDP. Routed experts are
+The order is TorchTitan's: TP → EP → AC → compile (per block) → FSDP (or DDP, for
+replicas without shards). Routed experts are
 sharded by expert over the `ep` mesh (which TorchTitan's ParallelDims carves out of the
 data-parallel ranks) with all-to-all token dispatch; everything else is FSDP-sharded as
 in the dense model, the experts over the remaining `efsdp` ranks. TP covers the attention
@@ -18,6 +19,7 @@ from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.activation_checkpoint import apply_ac
 from torchtitan.models.deepseek_v3.infra.parallelize import _op_sac_save_list
+from torchtitan.models.llama3.infra.parallelize import apply_ddp
 from torchtitan.models.llama4.infra.parallelize import apply_compile, apply_fsdp, apply_moe_ep_tp
 from torchtitan.tools.logging import logger
 from torchtitan.tools.utils import device_type
@@ -68,4 +70,6 @@ def parallelize_moe(model: nn.Module, parallel_dims: ParallelDims, job_config) -
         if device_type == "cpu":
             force_sum_reductions(model)
         logger.info("Applied FSDP to the model")
+    elif parallel_dims.dp_replicate_enabled:  # replicas only: no other parallelism (training/layout.py)
+        apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), enable_compile=compile_model)
     return model

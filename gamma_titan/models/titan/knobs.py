@@ -90,7 +90,7 @@ class TitanArgs(GammaArgs):
             raise ConfigError("gamma.attention_gate: the gate is not wired for varlen attention; use a flavor "
                               "with sdpa or flex attention, or gamma.attention_gate = \"none\"")
 
-    def check_parallelism(self, parallelism) -> None:
+    def check_parallelism(self, layout) -> None:
         """TorchTitan's model runs every parallelism its own trainer allows."""
 
     def supports_context_parallel(self) -> bool:
