@@ -187,7 +187,7 @@ BATTERY = [
     (DENSE, ["--fault_tolerance.enable", "true"], 1,
      "fault_tolerance.enable: needs the torchft package, which this Python does not have; pip install torchft, or "
      "leave fault_tolerance.enable at its default"),
-    (DENSE, ["--checkpoint.create_seed_checkpoint", "true"], 2,
+    (DENSE, ["--checkpoint.create_seed_checkpoint", "true", "--checkpoint.enable", "true"], 2,
      "checkpoint.create_seed_checkpoint = true runs on one process (TorchTitan's rule); this launch has 2"),
     (DENSE, ["--optimizer.early_step_in_backward", "true"], 1,
      "optimizer.early_step_in_backward = true cannot skip a non-finite step (it is taken inside backward); set "

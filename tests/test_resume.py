@@ -81,3 +81,81 @@ def test_checkpoints_of_another_model_shape_are_refused(tmp_path, builtin_assets
         check(tmp_path / "run", "--model_args.dim", "128", "--model_args.ffn_hidden_dim", "512",
               "--gamma.attention_gate", "none")
     json.loads((ckpt / "model.json").read_text())
+
+
+def check_at(dump, world: int, *overrides: str) -> list[str]:
+    """Pre-flight at `world` ranks, then the notes a resume prints at start."""
+    from gamma_titan.training.preflight import resume_notes
+
+    config = load_job_config(["--job.config_file", str(DEBUG_TOML), "--job.dump_folder", str(dump),
+                              "--checkpoint.enable", "true", *overrides])
+    preflight(config, world_size=world)
+    return resume_notes(config, world)
+
+
+def test_a_per_rank_data_position_resumes_at_its_own_degree_only(tmp_path, builtin_assets):
+    """TorchTitan's dataloader state (one entry per data-parallel rank: the text loader's,
+    and ours before positions were global) at 2 ranks: degree 2 resumes it, degree 1 is
+    refused in one line naming the degree and the ways forward; excluding the dataloader
+    resumes it with a note that the data starts over."""
+    ckpt = tmp_path / "run" / "checkpoint"
+    save_checkpoint(ckpt / "step-3", {"train_state": {"step": 3, "ntokens_seen": 3 * 2048},
+                                      "dataloader": {"dp_rank_0": b"x", "dp_rank_1": b"y", "world_size": 2}})
+    assert check_at(tmp_path / "run", 2, "--training.local_batch_size", "4") == []
+    with pytest.raises(ConfigError) as err:
+        check_at(tmp_path / "run", 1)
+    assert str(err.value) == (
+        f"checkpoint.folder: {ckpt / 'step-3'} was saved at data-parallel degree 2 and this launch has 1; it holds the "
+        "data position per rank (written before positions were global), so only degree 2 continues its data: launch "
+        "with that degree, pretokenize the data (gamma-titan pretokenize: any degree resumes shards), or start its "
+        "data over with --checkpoint.exclude_from_loading dataloader")
+    text = tmp_path / "text.jsonl"
+    text.write_text("".join(json.dumps({"text": f"document {i} " * 50}) + "\n" for i in range(20)))
+    with pytest.raises(ConfigError, match="training.dataset 'hf' is read per rank \\(TorchTitan's text loader\\)"):
+        check_at(tmp_path / "run", 1, "--training.dataset", "hf", "--training.dataset_path", str(text),
+                 "--validation.enable", "false")
+    assert check_at(tmp_path / "run", 1, "--checkpoint.exclude_from_loading", "dataloader") == [
+        "resuming step-3 with checkpoint.exclude_from_loading = dataloader: the data starts again from its first "
+        "sequence"]
+
+
+def test_the_loaders_and_the_trainers_checkpoint_forms():
+    """The shard loader saves one position any degree continues; it reads TorchTitan's
+    per-rank form when the checkpoint holds that. The trainer saves the whole run's tokens,
+    and scales TorchTitan's per-rank count by the ranks that saved it."""
+    from gamma_titan.data.loader import shard_dataloader
+    from gamma_titan.training.trainer import GammaTrainer
+    from test_packed import in_order
+    from gamma_titan.data.rank_batches import PackedSequences
+    from torchtitan.config.job_config import DataLoader
+
+    def loader(rank, world, batch):
+        return shard_dataloader(PackedSequences(in_order(), rank, world, batch), rank, world, DataLoader())
+
+    two = loader(1, 2, 3)
+    it = iter(two)
+    for _ in range(4):
+        next(it)
+    assert two.state_dict() == {"position": 24}  # 4 global batches of 2 x 3
+    one = loader(0, 1, 6)
+    one.load_state_dict(two.state_dict())
+    first = next(iter(one))[0]["input"]
+    whole = loader(0, 1, 6)
+    it = iter(whole)
+    for _ in range(4):
+        expected = next(it)[0]["input"]
+    assert torch.equal(first, next(it)[0]["input"]) and not torch.equal(first, expected)
+    legacy = loader(1, 2, 3)
+    legacy.read_form({"dataloader.dp_rank_0", "dataloader.dp_rank_1", "dataloader.world_size"})
+    assert set(legacy.state_dict()) == {"dp_rank_1", "world_size"}  # TorchTitan's form, to be filled
+    legacy.read_form({"dataloader.position"})
+    assert legacy.state_dict() == {"position": 0}
+
+    trainer = GammaTrainer.__new__(GammaTrainer)
+    trainer.read_form({"train_state.step", "train_state.ntokens_seen", "dataloader.dp_rank_0", "dataloader.dp_rank_1",
+                       "dataloader.dp_rank_2", "dataloader.dp_rank_3"})
+    trainer.load_state_dict({"step": 5, "ntokens_seen": 100})
+    assert (trainer.step, trainer.ntokens_seen) == (5, 400)
+    trainer.read_form({"train_state.step", "train_state.tokens_seen"})
+    trainer.load_state_dict({"step": 6, "tokens_seen": 700})
+    assert (trainer.step, trainer.ntokens_seen, trainer.legacy_train_state) == (6, 700, 0)

@@ -82,6 +82,33 @@ def check_training(config, world_size: int) -> None:
     csv = config.parallelism.pipeline_parallel_schedule_csv
     if csv and not os.path.isfile(csv):
         raise ConfigError(f"parallelism.pipeline_parallel_schedule_csv = {csv!r}: no such file")
+    cuda = torch.cuda.is_available()
+    prof = config.profiling
+    for key, asked in (("profiling.enable_profiling", prof.enable_profiling),
+                       ("profiling.enable_memory_snapshot", prof.enable_memory_snapshot)):
+        # Measured on a CPU: TorchTitan 0.2's profiler passes a None activity for the absent
+        # GPU (TypeError at the first step); its memory snapshot calls torch.cpu.memory.
+        if asked and not cuda:
+            raise ConfigError(f"{key} = true needs a CUDA GPU (TorchTitan's profiler and memory snapshot record "
+                              "CUDA); leave it false on this machine")
+    if config.checkpoint.async_mode == "async_with_pinned_mem" and not cuda:
+        raise ConfigError("checkpoint.async_mode = \"async_with_pinned_mem\" stages in pinned CUDA host memory; on "
+                          "this machine use \"async\" or \"disabled\"")
+    if config.checkpoint.create_seed_checkpoint and not config.checkpoint.enable:
+        raise ConfigError("checkpoint.create_seed_checkpoint = true writes the seed checkpoint only with "
+                          "checkpoint.enable = true (without it nothing is written); set both")
+    p = config.parallelism
+    if p.enable_async_tensor_parallel:
+        if p.tensor_parallel_degree == 1:
+            raise ConfigError("parallelism.enable_async_tensor_parallel = true applies to tensor parallelism; set "
+                              "parallelism.tensor_parallel_degree > 1, or leave it false")
+        if not (config.compile.enable and "model" in config.compile.components):
+            raise ConfigError("parallelism.enable_async_tensor_parallel = true needs compile.enable = true with "
+                              "\"model\" in compile.components (TorchTitan's rule: the compiler overlaps the "
+                              "collectives)")
+        if not cuda:
+            raise ConfigError("parallelism.enable_async_tensor_parallel = true needs CUDA (symmetric memory); leave "
+                              "it false on this machine")
     if config.checkpoint.create_seed_checkpoint and world_size != 1:
         raise ConfigError("checkpoint.create_seed_checkpoint = true runs on one process (TorchTitan's rule); "
                           f"this launch has {world_size}")
@@ -358,6 +385,7 @@ def preflight(config, world_size: int | None = None, local_world_size: int | Non
     can run before training starts; returns (spec, model args). `world_size` defaults to
     torchrun's WORLD_SIZE, `local_world_size` (GPUs per node) to LOCAL_WORLD_SIZE, else
     the world size (one node)."""
+    from gamma_titan.config.key_support import check_key_support
     from gamma_titan.training.derive import derive_settings
 
     world_size = world_size_from_env() if world_size is None else world_size
@@ -365,6 +393,7 @@ def preflight(config, world_size: int | None = None, local_world_size: int | Non
         local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     spec, args = resolve_model(config)
     derive_settings(config, args, world_size, local_world_size)
+    check_key_support(config, args)
     check_training(config, world_size)
     check_checkpoint(config)
     check_parallelism(config, world_size, args)

@@ -18,6 +18,16 @@ from gamma_titan.init import GROUPS, GammaInit
 #: The fields [gamma] sets (the paper's three knobs); [model_args] sets the others.
 KNOBS = ("norm_eps", "attention_gate", "init")
 
+#: TorchTitan's keys that only a pipelining function, context parallelism or experts read
+#: (config/key_support.py: a family without them refuses them, `unsupported_keys`).
+PIPELINE_KEYS = ("parallelism.module_fqns_per_model_part", "parallelism.pipeline_parallel_first_stage_less_layers",
+                 "parallelism.pipeline_parallel_last_stage_less_layers",
+                 "parallelism.pipeline_parallel_layers_per_stage", "parallelism.pipeline_parallel_schedule",
+                 "parallelism.pipeline_parallel_schedule_csv", "parallelism.pipeline_parallel_microbatch_size",
+                 "parallelism.pipeline_parallel_expert_parallel_overlap")
+CONTEXT_KEYS = ("parallelism.context_parallel_load_balancer",)
+EXPERT_KEYS = ("parallelism.expert_parallel_comm_backend", "debug.moe_force_load_balance")
+
 
 def gamma_init_config(job_config, default_rate: float) -> GammaInit:
     """[gamma]'s init settings (γ, its per-group overrides, truncation) and the run's seed."""
@@ -101,6 +111,18 @@ class GammaArgs(BaseModelArgs):
 
     def supports_context_parallel(self) -> bool:
         return False
+
+    def unsupported_keys(self) -> dict[str, str]:
+        """TorchTitan keys this family's code never reads, and why: pre-flight refuses a value
+        other than TorchTitan's default (config/key_support.py)."""
+        out = {}
+        if not self.supports_pipeline_parallel():
+            out |= dict.fromkeys(PIPELINE_KEYS, "it applies to pipeline parallelism, which this model does not have")
+        if not self.supports_context_parallel():
+            out |= dict.fromkeys(CONTEXT_KEYS, "it applies to context parallelism, which this model does not have")
+        if self.expert_parallel_divisor() == 1:
+            out |= dict.fromkeys(EXPERT_KEYS, "it applies to routed experts, which this model does not have")
+        return out
 
     def tensor_parallel_shards_sdpa(self) -> bool:
         """Whether the TP plan hands SDPA DTensors sharded on the heads (rather than each

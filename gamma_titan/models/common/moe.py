@@ -125,6 +125,9 @@ class TokenChoiceRouter(CountsLoad, nn.Module):
         self.gate = nn.Linear(dim, num_experts, bias=False)
         self.num_experts, self.top_k = num_experts, top_k
         self.score_func, self.route_norm, self.route_scale = score_func, route_norm, route_scale
+        # debug.moe_force_load_balance (set by parallelize_moe): experts taken round-robin,
+        # token t's slot j going to expert (t·k + j) mod E, for benchmarks of a balanced load.
+        self.force_load_balance = False
         self.init_load(num_experts)
 
     def forward(self, x: torch.Tensor, expert_bias: torch.Tensor | None = None):
@@ -133,7 +136,11 @@ class TokenChoiceRouter(CountsLoad, nn.Module):
         logits = self.gate(x).float()  # routing in fp32
         scores = torch.sigmoid(logits) if self.score_func == "sigmoid" else F.softmax(logits, dim=-1)
         choice = scores if expert_bias is None else scores + expert_bias
-        _, indices = torch.topk(choice, k=self.top_k, dim=-1, sorted=False)
+        if self.force_load_balance:
+            slots = torch.arange(x.shape[0] * self.top_k, device=x.device, dtype=torch.int64)
+            indices = (slots % self.num_experts).view(x.shape[0], self.top_k)
+        else:
+            _, indices = torch.topk(choice, k=self.top_k, dim=-1, sorted=False)
         top = scores.gather(1, indices)  # the bias picks experts; it does not weight them
         if self.route_norm:
             top = top / (top.sum(dim=-1, keepdim=True) + 1e-20)

@@ -157,6 +157,11 @@ class MoEModelArgs(HeadShape, GammaArgs):
     def expert_parallel_divisor(self) -> int:
         return self.n_routed_experts
 
+    def unsupported_keys(self) -> dict[str, str]:
+        return super().unsupported_keys() | {
+            "parallelism.expert_parallel_comm_backend": "its expert parallelism is its own all-to-all "
+                                                        "(models/moe/expert_parallel.py); DeepEP is not wired"}
+
     def default_cosine_params(self) -> list[str]:
         """First and last block: the attention output projection and the first FFN input
         projection (a dense layer's, else the shared experts', if any)."""

@@ -18,12 +18,14 @@ from torch.distributed.tensor.parallel import parallelize_module
 from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.activation_checkpoint import apply_ac
+from torchtitan.distributed.tensor_parallel import maybe_enable_async_tp
 from torchtitan.models.deepseek_v3.infra.parallelize import _op_sac_save_list
 from torchtitan.models.llama3.infra.parallelize import apply_ddp
 from torchtitan.models.llama4.infra.parallelize import apply_compile, apply_fsdp, apply_moe_ep_tp
 from torchtitan.tools.logging import logger
 from torchtitan.tools.utils import device_type
 
+from gamma_titan.models.common.moe import TokenChoiceRouter
 from gamma_titan.models.common.parallelize import apply_tp, force_sum_reductions
 
 from .expert_parallel import ExpertParallel
@@ -39,6 +41,12 @@ def parallelize_moe(model: nn.Module, parallel_dims: ParallelDims, job_config) -
                  float8_tensorwise=False)
         apply_moe_ep_tp(model, tp_mesh=tp_mesh, ep_mesh=None, etp_mesh=None, ep_etp_mesh=None,
                         dual_pipe_v=False, use_deepep=False)
+        maybe_enable_async_tp(job_config, tp_mesh)
+    if job_config.debug.moe_force_load_balance:  # benchmarking: every expert gets as many tokens
+        for module in model.modules():
+            if isinstance(module, TokenChoiceRouter):
+                module.force_load_balance = True
+        logger.info("debug.moe_force_load_balance: routing round-robin, every expert takes as many tokens")
     if parallel_dims.ep_enabled:
         ep_mesh = parallel_dims.get_mesh("ep")
         for block in model.layers.values():

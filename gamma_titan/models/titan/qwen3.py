@@ -55,6 +55,10 @@ class Qwen3Args(TitanArgs, Qwen3ModelArgs):
     def expert_parallel_divisor(self) -> int:
         return self.moe_args.num_experts if self.moe_enabled else 1
 
+    def unsupported_keys(self) -> dict[str, str]:
+        return super().unsupported_keys() | {  # TorchTitan 0.2's parallelize_qwen3 passes use_deepep=False
+            "parallelism.expert_parallel_comm_backend": "TorchTitan's qwen3 parallelism does not wire DeepEP"}
+
     def float8_excluded_fqns(self) -> list[str]:
         return [*super().float8_excluded_fqns(), *(["moe.router.gate"] if self.moe_enabled else [])]
 
