@@ -28,6 +28,8 @@ KEYS = {"replicate": "data_parallel_replicate_degree", "shard": "data_parallel_s
 
 @dataclass(frozen=True)
 class Layout:
+    """The degrees of one layout, all resolved (no -1)."""
+
     replicate: int = 1
     shard: int = 1
     tp: int = 1

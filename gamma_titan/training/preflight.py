@@ -226,8 +226,7 @@ def check_data(config, args, world_size: int = 1) -> None:
             f"model.hf_assets_path: the tokenizer at {path} has {vocab} tokens but "
             f"model_args.vocab_size = {args.vocab_size}; use vocab_size >= {vocab}"
         )
-    p = config.parallelism
-    dp = max(1, world_size // (p.tensor_parallel_degree * p.pipeline_parallel_degree * p.context_parallel_degree))
+    dp = data_parallel_degree(config, world_size)
     sections = [("training", config.training.seq_len, config.training.local_batch_size)]
     if config.validation.enable or config.gamma.diagnostics.enable:  # the probe batch reads validation data
         sections.append(("validation", config.validation.seq_len, config.validation.local_batch_size))

@@ -2,7 +2,7 @@
 with the project's data (shard datasets, and TorchTitan's text loader for the others),
 tokenizer ("builtin"), metrics (metrics.jsonl, diagnostics), validator, the family's
 optimizer builder followed by [optimizer] weight_decay_policy, and its parallelize function
-with DDP's gradients summed; registered with TorchTitan
+with the gradient reductions made sums (DDP's, and FSDP's on a CPU); registered with TorchTitan
 under the family's name, so TorchTitan's trainer and ours both build them; and
 `resolve_model`, the registered spec and model args a config asks for.
 
@@ -33,27 +33,31 @@ def build_tokenizer(job_config) -> HuggingFaceTokenizer:
     return HuggingFaceTokenizer(str(resolve_tokenizer_path(job_config.model.hf_assets_path)))
 
 
-def with_summed_ddp_gradients(parallelize_fn):
-    """The family's parallelize function; where it applied TorchTitan's DDP (replicas
-    without shards), gradients are summed over the replicas rather than averaged
-    (models/common/parallelize.sum_ddp_gradients), for our families and TorchTitan's."""
+def with_summed_gradients(parallelize_fn):
+    """The family's parallelize function, then the gradient reductions made sums, for our
+    families and TorchTitan's alike (models/common/parallelize.py): where it applied DDP
+    (replicas without shards), summed over the replicas rather than averaged; where it
+    applied FSDP on a CPU, reduce-scattered with gloo's SUM (it has no PREMUL_SUM)."""
 
     @functools.wraps(parallelize_fn)
     def parallelize(model, parallel_dims, job_config):
         from torch.distributed._composable.replicate import replicate
+        from torchtitan.tools.utils import device_type
 
-        from gamma_titan.models.common.parallelize import sum_ddp_gradients
+        from gamma_titan.models.common.parallelize import force_sum_reductions, sum_ddp_gradients
 
         model = parallelize_fn(model, parallel_dims, job_config)
         if replicate.state(model) is not None:
             sum_ddp_gradients(model, parallel_dims.get_mesh("dp_replicate").get_group())
+        if device_type == "cpu":
+            force_sum_reductions(model)
         return model
 
     return parallelize
 
 
 def with_our_components(spec: TrainSpec) -> TrainSpec:
-    return dataclasses.replace(spec, parallelize_fn=with_summed_ddp_gradients(spec.parallelize_fn),
+    return dataclasses.replace(spec, parallelize_fn=with_summed_gradients(spec.parallelize_fn),
                                build_dataloader_fn=build_dataloader, build_tokenizer_fn=build_tokenizer,
                                build_validator_fn=build_validator,
                                build_metrics_processor_fn=build_metrics_processor,

@@ -32,7 +32,7 @@ from gamma_titan.init import canonical_name
 from gamma_titan.models.common.parallelize import FLOAT8_LINEAR
 from gamma_titan.training.checkpoint import GammaCheckpointManager
 from gamma_titan.diagnostics import LiveDiagnostics, build_probe_batch, diagnostics_due
-from gamma_titan.models.common.moe import set_micro_batch_share
+from gamma_titan.models.common.moe import record_aux_losses, set_micro_batch_share
 from gamma_titan.training.graceful_stop import GracefulStop
 from gamma_titan.training.step_guard import StepGuard, step_verdict
 
@@ -133,6 +133,8 @@ class GammaTrainer(Trainer):
             input_dict = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in input_dict.items()}
             losses.append(self.forward_backward_step(input_dict=input_dict, labels=labels.to(self.device),
                                                      global_valid_tokens=global_tokens).detach())
+            for part in self.model_parts:
+                record_aux_losses(part)
         if dims.pp_enabled:
             # TorchTitan's pipeline schedule back-propagates each microbatch's loss *sum*
             # (scale_grads=False): divide by the global token count, so the gradient is the

@@ -274,7 +274,8 @@ class MoELayer(MoE):
         # per-micro-batch mean aux loss is weighted by this micro-batch's share of the
         # global batch (set_micro_batch_share).
         self.aux_loss_weight = 1.0
-        # For the log (moe_load_metrics): Σ aux·share and Σ share since the last log.
+        # For the log (record_aux_losses, moe_load_metrics): Σ aux·share and Σ share since the last log.
+        self.last_aux_loss: torch.Tensor | None = None
         self.aux_loss_sum: torch.Tensor | None = None
         self.aux_loss_share = 0.0
 
@@ -289,10 +290,10 @@ class MoELayer(MoE):
             scores, indices = routed
             aux = self.router.aux_loss_coeff * sequence_balance_loss(
                 scores.view(batch, seq, -1), indices.view(batch, seq, -1))
+            # Kept, not summed, here: activation checkpointing runs this forward again in the
+            # backward, and an op that only the rerun makes breaks selective AC's replay
+            # (record_aux_losses sums it once per micro-batch).
             self.last_aux_loss = aux.detach()
-            weighted = self.last_aux_loss * self.aux_loss_weight
-            self.aux_loss_sum = weighted if self.aux_loss_sum is None else self.aux_loss_sum + weighted
-            self.aux_loss_share += self.aux_loss_weight
             out = AuxLossGrad.apply(out, aux * self.aux_loss_weight)
         return out
 
@@ -302,6 +303,19 @@ class MoELayer(MoE):
             self.tokens_per_expert = torch.zeros(self.experts.num_experts, dtype=torch.float32)
             if self.load_balance_coeff is not None:
                 self.expert_bias = torch.zeros(self.experts.num_experts, dtype=torch.float32)
+
+
+@torch.no_grad()
+def record_aux_losses(model: nn.Module) -> None:
+    """After a micro-batch's forward and backward: add each MoE layer's auxiliary loss,
+    weighted by the micro-batch's share of the global batch, to what the next log reports
+    (moe_load_metrics)."""
+    for module in model.modules():
+        if isinstance(module, MoELayer) and module.last_aux_loss is not None:
+            weighted = module.last_aux_loss * module.aux_loss_weight
+            module.aux_loss_sum = weighted if module.aux_loss_sum is None else module.aux_loss_sum + weighted
+            module.aux_loss_share += module.aux_loss_weight
+            module.last_aux_loss = None
 
 
 def set_micro_batch_share(model: nn.Module, share: float) -> None:

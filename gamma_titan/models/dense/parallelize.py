@@ -19,9 +19,8 @@ from torchtitan.models.llama3.infra.parallelize import (
     apply_fsdp,
 )
 from torchtitan.tools.logging import logger
-from torchtitan.tools.utils import device_type
 
-from gamma_titan.models.common.parallelize import FLOAT8_LINEAR, apply_tp, force_sum_reductions
+from gamma_titan.models.common.parallelize import FLOAT8_LINEAR, apply_tp
 
 
 def parallelize_dense(model: nn.Module, parallel_dims: ParallelDims, job_config) -> nn.Module:
@@ -59,8 +58,6 @@ def parallelize_dense(model: nn.Module, parallel_dims: ParallelDims, job_config)
             cpu_offload=job_config.training.enable_cpu_offload,
             reshard_after_forward_policy=job_config.parallelism.fsdp_reshard_after_forward,
         )
-        if device_type == "cpu":
-            force_sum_reductions(model)
         logger.info("Applied FSDP to the model")
     elif parallel_dims.dp_replicate_enabled:  # replicas only: no other parallelism (training/layout.py)
         apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), enable_compile=compile_model)

@@ -23,10 +23,9 @@ from torchtitan.models.deepseek_v3.infra.parallelize import _op_sac_save_list
 from torchtitan.models.llama3.infra.parallelize import apply_ddp
 from torchtitan.models.llama4.infra.parallelize import apply_compile, apply_fsdp, apply_moe_ep_tp
 from torchtitan.tools.logging import logger
-from torchtitan.tools.utils import device_type
 
 from gamma_titan.models.common.moe import TokenChoiceRouter
-from gamma_titan.models.common.parallelize import apply_tp, force_sum_reductions
+from gamma_titan.models.common.parallelize import apply_tp
 
 from .expert_parallel import ExpertParallel
 
@@ -75,8 +74,6 @@ def parallelize_moe(model: nn.Module, parallel_dims: ParallelDims, job_config) -
             edp_mesh=parallel_dims.get_optional_mesh(replicate + ["efsdp"]),
             gradient_divide_factor=parallel_dims.fsdp_gradient_divide_factor,
         )
-        if device_type == "cpu":
-            force_sum_reductions(model)
         logger.info("Applied FSDP to the model")
     elif parallel_dims.dp_replicate_enabled:  # replicas only: no other parallelism (training/layout.py)
         apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), enable_compile=compile_model)
