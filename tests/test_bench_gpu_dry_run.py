@@ -83,3 +83,24 @@ def test_gpu_run_without_cuda_fails_in_one_line(tmp_path):
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode != 0 and "no CUDA device" in proc.stderr
     assert not (tmp_path / "x.json").exists()
+
+
+def test_the_reference_variant_at_the_gpu_shape_gets_degrees_one_process_can_build():
+    """The 1.5B config's replicate degree is -1 ("one replica per node"), which our pre-flight
+    derives; TorchTitan's llama3 skips pre-flight, and ParallelDims refused the -1 (found by
+    tools/gpu/compile_times.py before any GPU run)."""
+    from torchtitan.distributed import ParallelDims
+
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_gpu", GPU_BENCH)  # not tools/gpu, the package
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    flags = ["--job.config_file", str(REPO / "configs" / "dense" / "1.5B.toml")]
+    for model in (bench.REFERENCE_MODEL, "gamma_dense"):
+        p = bench.variant_config(model, flags).parallelism
+        dims = ParallelDims(dp_shard=p.data_parallel_shard_degree, dp_replicate=p.data_parallel_replicate_degree,
+                            cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
+                            ep=p.expert_parallel_degree, etp=p.expert_tensor_parallel_degree, world_size=1)
+        assert dims.dp_replicate == 1 and dims.dp_shard == 1

@@ -8,7 +8,8 @@ Steps, in order:
             writes its pid to STATE_DIR/grandchild.pid and sleeps; the child sleeps too
   quick_a   PASS at once (each run appends a line to STATE_DIR/quick_a.runs)
   quick_b   PASS at once, or FAIL when STATE_DIR/fail_b exists (STATE_DIR/quick_b.runs)
-Set GAMMA_TITAN_FAKE_SLEEPER=0 to leave the sleeper out. The GPU's memory is released
+Set GAMMA_TITAN_FAKE_SLEEPER=0 to leave the sleeper out, GAMMA_TITAN_FAKE_SLEEPER_BUDGET=S
+to give it S seconds. The scratch folder is STATE_DIR/scratch; every check writes a log there. The GPU's memory is released
 within 2 s or not at all (a fake nvidia-smi on PATH says how much is used).
 """
 
@@ -37,8 +38,14 @@ time.sleep(600)
 """
 
 
+def logs() -> Path:
+    """The driver's scratch logs (Setup.logs of the real checks)."""
+    return state / "scratch" / "logs"
+
+
 def sleeper(deadline: float):
     done = run_until([sys.executable, "-c", GRANDCHILD], state / "sleeper.log", deadline)
+    (logs() / "sleeper.log").write_text(f"exit {done.code}\n")
     return [("sleeper", Verdict(not done.timed_out, f"exit {done.code}", {"killed_at": time.time()}))]
 
 
@@ -46,6 +53,7 @@ def quick(name: str):
     def run(deadline: float):
         with open(state / f"{name}.runs", "a") as f:
             f.write(f"{time.time()}\n")
+        (logs() / f"{name}.log").write_text("ran\n")
         passed = not (name == "quick_b" and (state / "fail_b").exists())
         return [(name, Verdict(passed, "fine" if passed else "broken", {"started": time.time()}))]
     return run
@@ -54,5 +62,6 @@ def quick(name: str):
 steps = [gpu_check.Step("quick_a", ("quick_a",), 30, quick("quick_a")),
          gpu_check.Step("quick_b", ("quick_b",), 30, quick("quick_b"))]
 if os.environ.get("GAMMA_TITAN_FAKE_SLEEPER", "1") == "1":
-    steps.insert(0, gpu_check.Step("sleeper", ("sleeper",), 2, sleeper))
-sys.exit(gpu_check.main(sys.argv[2:], steps=steps))
+    budget = int(os.environ.get("GAMMA_TITAN_FAKE_SLEEPER_BUDGET", "2"))
+    steps.insert(0, gpu_check.Step("sleeper", ("sleeper",), budget, sleeper))
+sys.exit(gpu_check.main([*sys.argv[2:], "--scratch", str(state / "scratch")], steps=steps))

@@ -100,22 +100,32 @@ def register_reference(gamma_argv: list[str]) -> str:
     return "same_shape"
 
 
+def variant_config(model: str, flags: list[str]):
+    """The job config of one variant in one process. Our families go through pre-flight,
+    which derives the configs' "auto" (-1) degrees; TorchTitan's llama3 does not, so its
+    replicate degree (-1: one replica per node) is the one process's 1."""
+    from gamma_titan.config import load_job_config
+    from gamma_titan.training.preflight import preflight
+
+    if model != REFERENCE_MODEL:
+        config = load_job_config(flags)
+        preflight(config, world_size=1)
+        return config
+    flavor = register_reference(flags)
+    config = load_job_config([*flags, "--model.name", REFERENCE_MODEL, "--model.flavor", flavor])
+    if config.parallelism.data_parallel_replicate_degree == -1:
+        config.parallelism.data_parallel_replicate_degree = 1
+    return config
+
+
 def run_variant(argv: list[str]) -> None:
     """`gpu.py --run-variant MODEL FLAGS...`: train one variant (called by `main`)."""
     import gamma_titan  # noqa: F401  (platform shims, TrainSpecs)
     from torchtitan.tools.logging import init_logger
 
-    from gamma_titan.config import load_job_config
-    from gamma_titan.training.preflight import preflight
     from gamma_titan.training.main import run, single_process_env
 
-    model, flags = argv[0], argv[1:]
-    if model == REFERENCE_MODEL:
-        flavor = register_reference(flags)
-        config = load_job_config([*flags, "--model.name", REFERENCE_MODEL, "--model.flavor", flavor])
-    else:
-        config = load_job_config(flags)
-        preflight(config, world_size=1)
+    config = variant_config(argv[0], argv[1:])
     single_process_env()
     init_logger()
     run(config)

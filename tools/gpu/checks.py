@@ -1,13 +1,15 @@
 """The checks of the GPU acceptance check: what each one runs, and its time budget.
 
 Each check runs the real CLI (`gamma-titan inspect`, `gamma-titan train`, which is torchrun)
-in processes of its own, within a budget estimated from its parts (`Budget`, below each
-check). A run that outlives its check's budget is killed with everything it started
-(tools/gpu/procs.py). What a check must see to PASS is in tools/gpu/judges.py.
+in processes of its own, within a budget built from its parts (`Budget`, below). A run
+that outlives its check's budget is killed with everything it started
+(tools/gpu/procs.py). What a check must see to PASS is in tools/gpu/judges.py. Each check
+judges only what it ran: a figure that needs another check's run (the float8 loss against
+bf16's, the gate's cost, the diagnostics) reads "not measured" when that run is missing.
 
-On one H100/H200 the budgets add up to at most ONE_GPU_SECONDS (7 minutes); the checks
-that need more GPUs print SKIP there, and add their own budgets where they run.
-`dry_run` runs the same pipeline on the CPU at debug shapes, eager, float8 emulated.
+On one H100/H200 the budgets add up to at most ONE_GPU_SECONDS; the checks that need more
+GPUs print SKIP there, and add their own budgets where they run. `dry_run` runs the same
+pipeline on the CPU at debug shapes, eager, float8 emulated.
 """
 
 from __future__ import annotations
@@ -16,68 +18,123 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .judges import MFU_FLOOR_PERCENT, MIN_LOSS_DROP, MIN_SPEED_VS_TITAN, Run, Verdict, judge_dense, judge_diagnostics, judge_drill, judge_float8, judge_kernels, \
-    judge_moe, judge_parallel
+from .judges import MFU_FLOOR_PERCENT, MIN_LOSS_DROP, MIN_SPEED_VS_TITAN, Run, Verdict, judge_dense, judge_diagnostics, \
+    judge_drill, judge_float8, judge_kernels, judge_moe, judge_parallel, judge_vs_titan
 from .procs import run_until
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "gamma_titan.cli"]
 BENCH_GPU = REPO / "tools" / "bench" / "gpu.py"  # registers TorchTitan's llama3 at our shape
-#: What the checks of one GPU may take together (the install and the built-in assets come
-#: before them: the whole gpu_check.sh stays within 8 minutes).
-ONE_GPU_SECONDS = 420
-#: Margin on every estimate.
-MARGIN = 1.1
+
+# --- budgets ---------------------------------------------------------------------------------------
+
+#: The wheels' install, the closure check and the built-in tokenizer and shards: 6 s on the
+#: H200 machine (2026-12-04), 23 s on this 2-core one.
+INSTALL_SECONDS = 15
+#: The driver's start before the first check: the machine's versions, the imports.
+DRIVER_START_SECONDS = 10
+#: What the checks of one GPU may take together: with the install and the driver's start
+#: the whole gpu_check.sh stays within 8 minutes.
+ONE_GPU_SECONDS = 8 * 60 - INSTALL_SECONDS - DRIVER_START_SECONDS
+#: Margin on every estimate: a budget is 1.5 x what its parts add up to.
+MARGIN = 1.5
+#: A GPU's first compile of a graph against CPU Inductor's (tools/gpu/compile_times.py, on
+#: this 2-core machine): the same dynamo trace, AOT autograd and lowering, then Triton
+#: kernels compiled by 16 workers where C++ had 2 here. Measured on two cold H200 machines
+#: (gpu_check.json: each run's compile_seconds): dense 17.7 and 21.0 s against 47.1 s, MoE
+#: MLA 22.5 and 30.0 s against 59.9 s, like llama3 12.7 and 15.2 s against 29.4 s:
+#: 0.38-0.52.
+GPU_COMPILE_FACTOR = 0.55
+#: TorchTitan's trainer sleeps this long at the end of every run (torchtitan/train.py,
+#: "Sleeping 2 seconds for other ranks to complete").
+END_SLEEP_S = 2.0
+#: Interpreter, torch and torchtitan imports, pre-flight, the CUDA context, the data loader
+#: and the exit of a run: 15-20 s a run on the H200 outside its compile, steps and
+#: measurements, less the 2 s end sleep and a 3 s init.
+LAUNCH_S = 13.0
+
+#: Cold compile seconds of each compiled run (fwd + bwd graphs with selective AC, the loss),
+#: measured with CPU Inductor (python tools/gpu/compile_times.py, 2026-12-04, torch 2.13
+#: CPU, 2 cores): dense_default cold; dense_like_llama3 after it (one cache, as on the GPU);
+#: dense_llama3 and moe_mla_bf16 cold, each alone.
+CPU_COMPILE_S = {"dense_default": 47.1, "dense_like_llama3": 29.4, "dense_llama3": 36.3, "moe_mla_bf16": 59.9}
+#: Emulated float8 cannot be compiled on a CPU: its graph is the bf16 one with an amax, a
+#: scale and a cast around every linear's three matmuls. On the H200 it compiled in 1.08 and
+#: 1.21 x the bf16 graph's time (19.1 s against 17.7 s, 25.5 against 21.0); taken as 1.25.
+FLOAT8_COMPILE_FACTOR = 1.25
+CPU_COMPILE_S["dense_float8"] = FLOAT8_COMPILE_FACTOR * CPU_COMPILE_S["dense_default"]
 
 
 @dataclass(frozen=True)
 class Budget:
     """Seconds on one H100/H200 (16 CPU cores), from the parts of a check, times MARGIN.
-    launch: interpreters, torch and torchtitan imports, the CUDA context, the data loader;
-    init: building the model and drawing its weights (~1 ns a value on 16 threads);
-    compile: inductor, cold or with the kernels earlier runs left in its cache;
-    steps: training steps at the stated MFU; io: checkpoint bytes at a stated throughput."""
+    runs: processes started (each pays LAUNCH_S and TorchTitan's END_SLEEP_S);
+    init: drawing the weights (~1 ns a value on 16 threads); compile: GPU_COMPILE_FACTOR
+    x the CPU Inductor measurement of its runs; steps: training steps at the stated MFU;
+    diagnostics: live measurements; io: checkpoint bytes at the slowest disk it allows;
+    read: reading another check's run."""
 
-    launch: float = 0.0
+    runs: int = 0
     init: float = 0.0
     compile: float = 0.0
     steps: float = 0.0
+    diagnostics: float = 0.0
     io: float = 0.0
+    read: float = 0.0
 
     @property
     def seconds(self) -> int:
-        return math.ceil(MARGIN * (self.launch + self.init + self.compile + self.steps + self.io))
+        parts = self.runs * (LAUNCH_S + END_SLEEP_S) + self.init + GPU_COMPILE_FACTOR * self.compile + self.steps
+        return math.ceil(MARGIN * (parts + self.diagnostics + self.io + self.read))
 
 
-#: Local disk throughput the drill's budget assumes (NVMe, page cache not counted on).
-DISK_BYTES_PER_S = 1.5e9
-STEP_S_DENSE = 0.46  # 1.5B: 9.8 GFLOP/token x 16,384 tokens at 35% of 989 TFLOP/s
+#: Steps of every timed run: a loss that falls and a steady tokens/s need about 12, the
+#: first WARMUP of them (compile, allocator warm-up) left out of the timings.
+STEPS, WARMUP = 12, 4
+STEP_S_DENSE = 0.46  # 1.5B: 9.8 GFLOP/token x 16,384 tokens at 35% of 989 TFLOP/s (H200: 0.33 s, 49.5%)
 STEP_S_MOE = 0.40  # 3B-A0.5B MLA: ~3.5 GFLOP/token x 16,384 tokens at 15%
+#: One live-diagnostics measurement of the 1.5B model (probe batch of 4, every layer's sink
+#: and the weights' stable ranks: SVDs of 2048-wide matrices): 0.93 s on the H200.
+DIAGNOSTICS_S = 2.0
+#: The drill's model: 1.5B widths at 2 layers (317M parameters, 3.8 GB a full checkpoint).
+DRILL_LAYERS = 2
+DRILL_CHECKPOINT_BYTES = 3.8e9
+#: The slowest disk the drill's budget allows for (it measures the real one first and
+#: judges the save against that: judges.judge_drill); slower, and it times out. The H200
+#: machines wrote and synced 1 GiB at 2.07 and 1.51 GB/s; DCP saved at 0.54-0.91 GB/s there.
+SLOWEST_DISK_BYTES_PER_S = 1e9
+SLOWEST_SAVE_BYTES_PER_S = 0.5e9
+#: What the disk check writes and syncs before the drill.
+DISK_PROBE_BYTES = 2**30
 
 BUDGETS: dict[str, Budget] = {
+    # gamma_dense 1.5B with the default knobs, live diagnostics at steps 1, 5, 10
+    "dense_bf16": Budget(runs=1, init=3, compile=CPU_COMPILE_S["dense_default"], steps=STEPS * STEP_S_DENSE,
+                         diagnostics=3 * DIAGNOSTICS_S),
+    # the float8 block and loss graphs cold, steps ~15% faster
+    "dense_float8": Budget(runs=1, init=3, compile=CPU_COMPILE_S["dense_float8"], steps=STEPS * 0.85 * STEP_S_DENSE),
+    "moe_mla_bf16": Budget(runs=1, init=4, compile=CPU_COMPILE_S["moe_mla_bf16"], steps=STEPS * STEP_S_MOE),
+    # the disk probe, then two eager runs: saves at steps 3 and 6 and at SIGTERM (the signal
+    # lands 1-3 steps after step 4), a load and a model-only last save (a third of the bytes)
+    "sigterm_drill": Budget(runs=2, init=2 * 2, steps=8 * 0.3, io=DISK_PROBE_BYTES / SLOWEST_DISK_BYTES_PER_S
+                            + (4 + 1 / 3) * DRILL_CHECKPOINT_BYTES / SLOWEST_SAVE_BYTES_PER_S),
+    # gamma_dense like llama3 and TorchTitan's llama3 at the same shape
+    "dense_vs_titan": Budget(runs=2, init=2 * 3, compile=CPU_COMPILE_S["dense_like_llama3"]
+                             + CPU_COMPILE_S["dense_llama3"], steps=2 * STEPS * STEP_S_DENSE),
+    # from dense_bf16's run: no process of its own
+    "diagnostics": Budget(read=2),
     # one process, 6 configs inspected 2 layers deep on the CPU (~3 s each)
-    "inspect": Budget(launch=12, init=18),
-    # 3 runs of 1.5B: llama3-like gamma (cold: block fwd+bwd and loss graphs, 2 x 20 s),
-    # TorchTitan's llama3 and gamma with its gate (~20 s each, most Triton kernels cached)
-    "dense_bf16": Budget(launch=3 * 13, init=3 * 3, compile=40 + 20 + 20, steps=3 * 20 * STEP_S_DENSE),
-    # dense and MoE MLA blocks and the loss: 3 graphs cold, ~21 s each
-    "moe_mla_bf16": Budget(launch=14, init=4, compile=3 * 21, steps=20 * STEP_S_MOE),
-    # the float8 block graph cold (the loss graph cached), 20 steps ~15% faster
-    "dense_float8": Budget(launch=14, init=3, compile=30, steps=20 * 0.85 * STEP_S_DENSE),
-    # 1.5B widths at 6 layers (540M parameters, 6.5 GB a full checkpoint), eager; two runs:
-    # saves at steps 3 and at SIGTERM, then a load and a model-only last save (2.2 GB)
-    "sigterm_drill": Budget(launch=2 * 14, init=2, steps=5 * 0.5, io=(3 * 6.5e9 + 2.2e9) / DISK_BYTES_PER_S),
-    # from dense_bf16's runs: no process of its own
-    "diagnostics": Budget(),
+    "inspect": Budget(runs=1, init=18),
 }
-#: Three runs of a debug model each, eager, 20 steps.
-MULTI_GPU_BUDGET = Budget(launch=3 * 14, init=3, steps=3 * 20 * 0.1)
+#: Three runs of a debug model each, eager, STEPS steps.
+MULTI_GPU_BUDGET = Budget(runs=3, init=3, steps=3 * STEPS * 0.1)
 
 
 @dataclass
@@ -87,17 +144,19 @@ class Setup:
     logs: Path
     dry_run: bool = False
     gpus: int = 1
-    steps: int = 20
-    warmup: int = 5
+    steps: int = STEPS
+    warmup: int = WARMUP
     dense: str = "configs/dense/1.5B.toml"
     moe: list[str] = field(default_factory=lambda: ["configs/moe/3B-A0.5B.toml", "--model.flavor", "3B-A0.5B-mla"])
-    drill: list[str] = field(default_factory=lambda: ["configs/dense/1.5B.toml", "--model_args.n_layers", "6"])
+    drill: list[str] = field(default_factory=lambda: ["configs/dense/1.5B.toml", "--model_args.n_layers",
+                                                      str(DRILL_LAYERS)])
     #: Every attention kind and MoE size, inspected one dense and one MoE block deep.
     inspected: list[list[str]] = field(default_factory=lambda: [
         ["configs/dense/1.5B.toml"], ["configs/moe/1.5B-A0.25B.toml"],
         ["configs/moe/1.5B-A0.25B.toml", "--model.flavor", "1.5B-A0.25B-mla"], ["configs/moe/3B-A0.5B.toml"],
         ["configs/moe/3B-A0.5B.toml", "--model.flavor", "3B-A0.5B-mla"], ["configs/moe/16B-A2.4B.toml"]])
     diagnostics_freq: int = 5
+    disk_probe_bytes: int = DISK_PROBE_BYTES
 
     def __post_init__(self) -> None:
         if self.dry_run:
@@ -106,6 +165,7 @@ class Setup:
             self.moe = ["configs/moe/debug_mla.toml"]
             self.inspected = [["configs/dense/debug.toml"], ["configs/moe/debug.toml"], ["configs/moe/debug_mla.toml"]]
             self.diagnostics_freq = 3  # measured at 1 and 3; step 5 clean
+            self.disk_probe_bytes = 2**24
 
     def budget(self, name: str) -> int:
         """Seconds for check `name`: the estimate on a GPU; on the CPU (dry run) a flat 300."""
@@ -113,11 +173,11 @@ class Setup:
 
     def common(self, steps: int | None = None) -> list[str]:
         """Trainer flags every training run shares: one GPU's own batch, a metrics line per
-        step, nothing saved or validated, a 5-step warm-up so that 20 steps train."""
+        step, nothing saved or validated, the lr warmed up over the timing's warm-up."""
         flags = ["--nproc", "1", "--training.steps", str(steps or self.steps), "--training.global_batch_size", "-1",
                  "--training.local_batch_size", "8", "--metrics.log_freq", "1",
                  "--metrics.enable_tensorboard", "false", "--validation.enable", "false",
-                 "--checkpoint.enable", "false", "--lr_scheduler.warmup_steps", "5",
+                 "--checkpoint.enable", "false", "--lr_scheduler.warmup_steps", str(self.warmup),
                  "--gamma.diagnostics.enable", "false"]
         if self.dry_run:
             flags += ["--compile.enable", "false", "--training.seq_len", "128", "--training.local_batch_size", "2",
@@ -131,12 +191,27 @@ def read_metrics(dump: Path) -> list[dict]:
 
 
 def train(setup: Setup, name: str, argv: list[str], deadline: float, on_poll=None) -> Run:
-    """One training run (its dump folder `<logs>/runs/<name>`), killed at `deadline`."""
+    """One training run (its dump folder `<logs>/runs/<name>`), killed at `deadline`; a run
+    cut off leaves `<logs>/<name>.timed_out`, so no other check reads it as finished."""
     dump = setup.logs / "runs" / name
     env = {**os.environ, "TORCH_LOGS": "graph_breaks,recompiles"}
+    marker = setup.logs / f"{name}.timed_out"
+    marker.unlink(missing_ok=True)
     done = run_until([*argv, "--job.dump_folder", str(dump)], setup.logs / f"{name}.log", deadline, env=env,
                      cwd=REPO, on_poll=on_poll)
+    if done.timed_out:
+        marker.touch()
     return Run(read_metrics(dump), done.output, done.code, done.seconds)
+
+
+def preload() -> None:
+    """What the checks import in the driver's process (the configs, the model registry, the
+    checkpoint folders), imported before any check's timed window starts."""
+    import importlib
+
+    for module in ("torch", "gamma_titan.files", "gamma_titan.training.checkpoint_folders"):
+        importlib.import_module(module)
+    resolve(["configs/dense/debug.toml"])
 
 
 def resolve(argv: list[str]):
@@ -222,50 +297,79 @@ def inspect_main(specs: list[str]) -> int:
     return 0
 
 
-# --- dense: MFU, against TorchTitan, the gate, the diagnostics --------------------------------------
+# --- the runs -------------------------------------------------------------------------------------
 
 #: gamma_dense configured as TorchTitan's llama3 computes: the same arithmetic.
 LIKE_LLAMA3 = ["--gamma.init_rate", "0.5", "--gamma.norm_eps", "1e-5", "--gamma.attention_gate", "none"]
+FLOAT8 = ["--model.converters", "quantize.linear.float8", "--quantize.linear.float8.recipe_name", "tensorwise"]
 
 
-def dense_bf16(setup: Setup, deadline: float) -> Verdict:
+def compiled_runs(setup: Setup) -> list[tuple[str, list[str]]]:
+    """(run name, command) of every compiled training run, in the order the checks run them."""
     common = setup.common()
-    ours = train(setup, "dense_like_llama3", [*CLI, "train", setup.dense, *common, *LIKE_LLAMA3], deadline)
     # tools/bench/gpu.py trains in its own process (no torchrun): no --nproc
     bench_flags = ["--job.config_file", str(REPO / setup.dense), *common[2:], *LIKE_LLAMA3]
-    titan = train(setup, "dense_llama3", [sys.executable, str(BENCH_GPU), "--run-variant", "llama3_bench",
-                                          *bench_flags], deadline)
-    default = train(setup, "dense_default", [*CLI, "train", setup.dense, *common, "--gamma.diagnostics.enable", "true",
-                                             "--gamma.diagnostics.freq", str(setup.diagnostics_freq)], deadline)
-    _, gated = resolve([setup.dense])
-    _, plain = resolve([setup.dense, "--gamma.attention_gate", "none"])
-    seq = 128 if setup.dry_run else 2048
-    share = 1 - plain.flops_per_token(seq) / gated.flops_per_token(seq)
-    verdict = judge_dense(ours, titan, default, setup.steps, setup.warmup, first_step_loss([setup.dense]), share,
-                          compiled=not setup.dry_run,  # CPU: no compile, no peak FLOPs, noisy: printed only
-                          mfu_floor=0.0 if setup.dry_run else MFU_FLOOR_PERCENT,
-                          min_speed=0.0 if setup.dry_run else MIN_SPEED_VS_TITAN)
-    return verdict
+    config, *flavor = setup.moe
+    return [
+        ("dense_default", [*CLI, "train", setup.dense, *common, "--gamma.diagnostics.enable", "true",
+                           "--gamma.diagnostics.freq", str(setup.diagnostics_freq)]),
+        ("dense_float8", [*CLI, "train", setup.dense, *common, *FLOAT8]),
+        ("moe_mla_bf16", [*CLI, "train", config, *flavor, *common]),
+        ("dense_like_llama3", [*CLI, "train", setup.dense, *common, *LIKE_LLAMA3]),
+        ("dense_llama3", [sys.executable, str(BENCH_GPU), "--run-variant", "llama3_bench", *bench_flags]),
+    ]
+
+
+def run_named(setup: Setup, name: str, deadline: float) -> Run:
+    return train(setup, name, dict(compiled_runs(setup))[name], deadline)
 
 
 def saved_run(setup: Setup, name: str) -> Run | None:
-    """A run an earlier check left in the logs (also one of an earlier, resumed gpu_check)."""
+    """A run an earlier check left in the logs (also one of an earlier, resumed gpu_check);
+    None where it is missing or was cut off."""
     log = setup.logs / f"{name}.log"
-    return Run(read_metrics(setup.logs / "runs" / name), log.read_text(errors="replace")) if log.exists() else None
+    if not log.exists() or (setup.logs / f"{name}.timed_out").exists():
+        return None
+    return Run(read_metrics(setup.logs / "runs" / name), log.read_text(errors="replace"))
+
+
+# --- dense: the compiled bf16 step, against TorchTitan, the diagnostics ----------------------------
+
+def dense_bf16(setup: Setup, deadline: float) -> Verdict:
+    """gamma_dense at the default knobs: MFU floor, step 1 at the init's loss, no graph break."""
+    run = run_named(setup, "dense_default", deadline)
+    return judge_dense(run, setup.steps, setup.warmup, first_step_loss([setup.dense]), compiled=not setup.dry_run,
+                       mfu_floor=0.0 if setup.dry_run else MFU_FLOOR_PERCENT)  # CPU: no peak FLOPs
+
+
+def gate_flop_share(setup: Setup) -> float:
+    seq = 128 if setup.dry_run else 2048
+    _, gated = resolve([setup.dense])
+    _, plain = resolve([setup.dense, "--gamma.attention_gate", "none"])
+    return 1 - plain.flops_per_token(seq) / gated.flops_per_token(seq)
+
+
+def dense_vs_titan(setup: Setup, deadline: float) -> Verdict:
+    """Like for like against TorchTitan's llama3 (tokens/s); the gate's cost from
+    dense_bf16's run where it is there."""
+    ours = run_named(setup, "dense_like_llama3", deadline)
+    titan = run_named(setup, "dense_llama3", deadline)
+    return judge_vs_titan(ours, titan, saved_run(setup, "dense_default"), setup.steps, setup.warmup,
+                          gate_flop_share(setup), compiled=not setup.dry_run,
+                          min_speed=0.0 if setup.dry_run else MIN_SPEED_VS_TITAN)  # CPU: noisy, printed only
 
 
 def diagnostics(setup: Setup) -> Verdict:
     """From dense_bf16's run with its default knobs, which measured at step 1 and every
-    `diagnostics_freq` steps."""
+    `diagnostics_freq` steps; not measured (SKIP) where that run is missing."""
     default = saved_run(setup, "dense_default")
     if default is None:
-        return Verdict(False, "no dense_default run (dense_bf16 makes it)", {}, ["no run"])
+        return Verdict(None, "not measured: dense_bf16 left no finished run", {"skipped": True})
     return judge_diagnostics(default, setup.warmup, setup.diagnostics_freq)
 
 
 # --- float8 and MoE ------------------------------------------------------------------------------------
 
-FLOAT8 = ["--model.converters", "quantize.linear.float8", "--quantize.linear.float8.recipe_name", "tensorwise"]
 #: Linear layers that must stay in high precision, by the end of their name.
 HIGH_PRECISION_SUFFIXES = ("output", "router.gate")
 
@@ -291,21 +395,19 @@ def expected_float8_layers(argv: list[str]) -> tuple[int, set[str], set[str]]:
 
 
 def dense_float8(setup: Setup, deadline: float) -> Verdict:
-    """Against dense_bf16's run with the same knobs (its losses and tokens/s)."""
-    run = train(setup, "dense_float8", [*CLI, "train", setup.dense, *setup.common(), *FLOAT8], deadline)
-    bf16 = saved_run(setup, "dense_default") or Run()
-    return judge_float8(run, bf16, setup.steps, setup.warmup, expected_float8_layers([setup.dense]),
-                        compiled=not setup.dry_run)
+    """Its own run judged alone; against dense_bf16's run (losses, tokens/s) where it is there."""
+    run = run_named(setup, "dense_float8", deadline)
+    return judge_float8(run, saved_run(setup, "dense_default"), setup.steps, setup.warmup,
+                        expected_float8_layers([setup.dense]), compiled=not setup.dry_run)
 
 
 def moe_mla_bf16(setup: Setup, deadline: float) -> Verdict:
-    config, *flavor = setup.moe
-    run = train(setup, "moe_mla_bf16", [*CLI, "train", config, *flavor, *setup.common()], deadline)
+    run = run_named(setup, "moe_mla_bf16", deadline)
     return judge_moe(run, setup.steps, first_step_loss(setup.moe), compiled=not setup.dry_run,
                      min_drop=DRY_RUN_MIN_LOSS_DROP if setup.dry_run else MIN_LOSS_DROP)
 
 
-#: The debug MoE's loss over the dry run's 6 steps (lr still warming up): it fell 4.1% in 4
+#: The debug MoE's loss over the dry run's 5 steps (lr still warming up): it fell 4.1% in 4
 #: steps on this machine.
 DRY_RUN_MIN_LOSS_DROP = 0.02
 
@@ -315,15 +417,42 @@ DRY_RUN_MIN_LOSS_DROP = 0.02
 RESUME_STEP = 3  # the interval checkpoint the resumed run starts from
 
 
+def disk_bandwidth(folder: Path, size: int) -> float:
+    """Bytes a second of writing `size` bytes into `folder` and syncing them to the disk."""
+    probe = folder / "disk_probe.bin"
+    block = os.urandom(1 << 20)
+    started = time.monotonic()
+    with open(probe, "wb") as f:
+        for _ in range(max(1, size // len(block))):
+            f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
+    seconds = time.monotonic() - started
+    probe.unlink()
+    return max(1, size // len(block)) * len(block) / seconds
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
+
+
 def sigterm_drill(setup: Setup, deadline: float) -> Verdict:
-    """SIGTERM to `gamma-titan train` once step RESUME_STEP + 1 is logged (checkpoints every
-    RESUME_STEP steps, eager): it must save the step in progress and exit. A second run
-    starts from the first one's step-RESUME_STEP checkpoint (hard-linked into its own
-    folder: nothing of the first run is touched) and trains one step: the same loss."""
+    """The disk first: DISK_PROBE_BYTES written and synced, its bandwidth measured, and room
+    for the drill's saves checked. Then SIGTERM to `gamma-titan train` once step
+    RESUME_STEP + 1 is logged (checkpoints every RESUME_STEP steps, eager): it must save the
+    step in progress, within what the measured disk allows, and exit. A second run starts
+    from the first one's step-RESUME_STEP checkpoint (hard-linked into its own folder:
+    nothing of the first run is touched) and trains one step: the same loss."""
     from gamma_titan.files import step_folder
     from gamma_titan.training.checkpoint_folders import checkpoint_steps
-    from gamma_titan.training.launch import save_seconds
 
+    setup.logs.mkdir(parents=True, exist_ok=True)
+    bandwidth = disk_bandwidth(setup.logs, setup.disk_probe_bytes)
+    need = 0 if setup.dry_run else (3 + 1 / 3) * DRILL_CHECKPOINT_BYTES
+    free = shutil.disk_usage(setup.logs).free
+    if free < need:
+        return Verdict(False, f"{free / 1e9:.1f} GB free in {setup.logs}, the drill writes {need / 1e9:.1f} GB",
+                       {"disk_bytes_per_s": bandwidth, "free_bytes": free}, ["no room"])
     config, *flags = setup.drill
     base = [*CLI, "train", config, *flags, *setup.common(steps=1000), "--compile.enable", "false",
             "--checkpoint.enable", "true", "--checkpoint.interval", str(RESUME_STEP),
@@ -342,8 +471,7 @@ def sigterm_drill(setup: Setup, deadline: float) -> Verdict:
     stop_seconds = (time.monotonic() - signalled["at"]) if "at" in signalled and first.code is not None else None
     saved, incomplete = checkpoint_steps(first_dump / "checkpoint")
     times = re.findall(r"Finished saving the checkpoint.*?in ([\d.]+) seconds", first.log)
-    params = re.search(r"model \w+: ([\d,]+) parameters", first.log)
-    estimate = save_seconds(int(params.group(1).replace(",", "")), nodes=1) if params else None
+    last_bytes = folder_bytes(first_dump / "checkpoint" / step_folder(saved[-1])) if saved else 0
     resumed_dump = setup.logs / "runs" / "sigterm_drill_resumed"
     source = first_dump / "checkpoint" / step_folder(RESUME_STEP)
     resumed = Run(code=None)
@@ -354,7 +482,7 @@ def sigterm_drill(setup: Setup, deadline: float) -> Verdict:
         argv[argv.index("--checkpoint.last_save_model_only") + 1] = "true"
         resumed = train(setup, "sigterm_drill_resumed", argv, deadline)
     return judge_drill(first, resumed, RESUME_STEP, saved, incomplete, float(times[-1]) if times else None,
-                       estimate, stop_seconds)
+                       last_bytes, bandwidth, stop_seconds)
 
 
 def link_tree(source: Path, dest: Path) -> None:

@@ -34,17 +34,17 @@ MFU_FLOOR_PERCENT = 25.0
 #: Our tokens/s over TorchTitan's llama3 at the same shape, like for like (γ 0.5, ε 1e-5,
 #: no gate: the same arithmetic), at least this.
 MIN_SPEED_VS_TITAN = 0.95
-#: The float8 run's loss after 20 steps against the bf16 run's, relative. Provisional: not
-#: measured on a GPU yet (the CPU's emulated float8 against fp32, 3 steps of the debug model:
-#: 9.2e-5). Tensorwise float8 keeps 3 mantissa bits of every matmul input (bf16: 7), so
-#: the two runs drift apart as they train; over 20 steps in which the bf16 loss falls by
-#: more than 10%, a float8 run that stops learning or diverges is off by more than 2%.
-#: Tighten it from the first GPU run's final_loss_rel_diff (in gpu_check.json).
-FLOAT8_LOSS_RTOL = 2e-2
-#: The MoE run must lower its loss by at least this fraction of step 1's over 20 steps (lr
-#: 3e-4 after 5 warm-up steps): a model that learns nothing (a broken router or expert
-#: gradient) stays at ln V.
-MIN_LOSS_DROP = 0.10
+#: The float8 run's loss after its 12 steps against the bf16 run's, relative. Measured on
+#: the H200 (2026-12-04): 3.6e-3 (8.0315 against 8.0024, the loss down from 10.82); the CPU's
+#: emulated float8 against fp32, debug model: 7.5e-4. Tensorwise float8 keeps 3 mantissa
+#: bits of every matmul input (bf16: 7), so the runs drift apart as they train; a float8 run
+#: that stops learning or diverges is off by far more. 1e-2 leaves a margin of 2.8 on the
+#: one GPU measurement.
+FLOAT8_LOSS_RTOL = 1e-2
+#: The MoE run must lower its loss by at least this fraction of step 1's over its 12 steps
+#: (lr 3e-4 after 4 warm-up steps): a model that learns nothing (a broken router or expert
+#: gradient) stays within 1% of ln V; one that learns the unigram distribution falls 10-20%.
+MIN_LOSS_DROP = 0.05
 
 
 # --- what a run left behind ----------------------------------------------------------------------
@@ -72,6 +72,13 @@ class Run:
     def median(self, key: str, warmup: int) -> float | None:
         values = [r[key] for r in self.timed(warmup) if key in r]
         return statistics.median(values) if values else None
+
+    @property
+    def compile_seconds(self) -> float | None:
+        """Step 1's end-to-end seconds less the median of the later steps': its compile (and
+        first-call warm-up), what the budgets' GPU_COMPILE_FACTOR is calibrated against."""
+        e2e = [r["time_metrics/end_to_end(s)"] for r in self.records if "time_metrics/end_to_end(s)" in r]
+        return round(e2e[0] - statistics.median(e2e[1:]), 1) if len(e2e) >= 2 else None
 
     @property
     def recompiles(self) -> int:
@@ -132,39 +139,57 @@ def first_loss_failures(run: Run, expected: float | None, name: str = "") -> lis
 
 # --- the checks ----------------------------------------------------------------------------------
 
-def judge_dense(ours: Run, titan: Run, default: Run, steps: int, warmup: int, expected_first: float | None,
-                gate_flop_share: float, compiled: bool = True, mfu_floor: float = MFU_FLOOR_PERCENT,
-                min_speed: float = MIN_SPEED_VS_TITAN) -> Verdict:
-    """dense_bf16: three runs of gamma_dense 1.5B's shape. `ours` (γ 0.5, ε 1e-5, no gate)
-    against `titan` (TorchTitan's llama3, same shape): tokens/s ratio >= min_speed.
-    `default` (γ 1, ε 1e-12, elementwise gate): MFU >= mfu_floor, step 1 at the init's
-    loss; its tokens/s over `ours` is printed next to the gate's share of the FLOPs."""
-    runs = {"gamma (like llama3)": ours, "llama3": titan, "gamma (default knobs)": default}
+def judge_dense(run: Run, steps: int, warmup: int, expected_first: float | None, compiled: bool = True,
+                mfu_floor: float = MFU_FLOOR_PERCENT) -> Verdict:
+    """dense_bf16: gamma_dense with the default knobs (γ 1, ε 1e-12, elementwise gate),
+    compiled: finishes, no graph break or recompile storm, step 1 at the init's loss,
+    MFU >= mfu_floor."""
+    failures = run_failures(run, steps) + (compile_failures(run) if compiled else [])
+    failures += first_loss_failures(run, expected_first)
+    tps, mfu = run.median("tps", warmup), run.median("mfu", warmup)
+    details = {"tokens_per_s": tps, "mfu_percent": mfu, "mfu_floor_percent": mfu_floor, "losses": run.losses,
+               "peak_active_gib": max((r.get("memory/max_active(GiB)", 0.0) for r in run.records), default=None),
+               "recompiles": run.recompiles, "compile_seconds": run.compile_seconds, "run_seconds": run.seconds}
+    if tps is None or mfu is None:
+        failures.append("no timed steps")
+        return _verdict(failures, "", details)
+    if mfu < mfu_floor:
+        failures.append(f"MFU {mfu:.1f}% (floor {mfu_floor:.0f}%)")
+    return _verdict(failures, f"MFU {mfu:.1f}%, {tps:,.0f} tokens/s, loss {run.losses[0]:.3f} -> "
+                              f"{run.losses[-1]:.3f}", details)
+
+
+def judge_vs_titan(ours: Run, titan: Run, default: Run | None, steps: int, warmup: int, gate_flop_share: float,
+                   compiled: bool = True, min_speed: float = MIN_SPEED_VS_TITAN) -> Verdict:
+    """dense_vs_titan: `ours` (gamma_dense with γ 0.5, ε 1e-5, no gate) against `titan`
+    (TorchTitan's llama3, same shape): tokens/s ratio >= min_speed. The gate's cost,
+    `default`'s tokens/s over `ours` next to its FLOP share, is printed where dense_bf16
+    left its run, and "not measured" where it did not (never a failure here)."""
+    runs = {"gamma (like llama3)": ours, "llama3": titan}
     failures = [f for name, run in runs.items() for f in run_failures(run, steps, name)]
     if compiled:
         failures += [f for name, run in runs.items() for f in compile_failures(run, name)]
-    failures += first_loss_failures(default, expected_first, "gamma (default knobs)")
     tps = {name: run.median("tps", warmup) for name, run in runs.items()}
-    mfu = default.median("mfu", warmup)
-    details = {"tokens_per_s": tps, "mfu_percent": mfu, "mfu_floor_percent": mfu_floor,
-               "min_speed_vs_titan": min_speed, "gate_flop_share": gate_flop_share,
+    details = {"tokens_per_s": tps, "min_speed_vs_titan": min_speed, "gate_flop_share": gate_flop_share,
                "peak_active_gib": {name: max((r.get("memory/max_active(GiB)", 0.0) for r in run.records), default=None)
                                    for name, run in runs.items()},
-               "recompiles": {name: run.recompiles for name, run in runs.items()},
-               "losses": {name: run.losses for name, run in runs.items()}}
-    if None in tps.values() or mfu is None:
+               "losses": {name: run.losses for name, run in runs.items()},
+               "compile_seconds": {name: run.compile_seconds for name, run in runs.items()},
+               "run_seconds": {name: run.seconds for name, run in runs.items()}}
+    if None in tps.values():
         failures.append("no timed steps")
         return _verdict(failures, "", details)
     speed = tps["gamma (like llama3)"] / tps["llama3"]
-    gate = tps["gamma (default knobs)"] / tps["gamma (like llama3)"]
-    details |= {"speed_vs_titan": speed, "gate_speed_ratio": gate}
+    details["speed_vs_titan"] = speed
     if speed < min_speed:
         failures.append(f"like for like {speed:.3f}x llama3's tokens/s (at least {min_speed})")
-    if mfu < mfu_floor:
-        failures.append(f"MFU {mfu:.1f}% (floor {mfu_floor:.0f}%)")
-    figure = (f"MFU {mfu:.1f}%, {tps['gamma (default knobs)']:,.0f} tokens/s; like llama3: {speed:.3f}x its "
-              f"tokens/s; gate: {gate:.3f}x (its FLOP share {gate_flop_share:.1%})")
-    return _verdict(failures, figure, details)
+    default_tps = default.median("tps", warmup) if default is not None else None
+    if default_tps:
+        details["gate_speed_ratio"] = gate = default_tps / tps["gamma (like llama3)"]
+        gate_figure = f"gate: {gate:.3f}x tokens/s (its FLOP share {gate_flop_share:.1%})"
+    else:
+        gate_figure = "gate cost not measured (no dense_bf16 run)"
+    return _verdict(failures, f"like llama3: {speed:.3f}x its tokens/s; {gate_figure}", details)
 
 
 #: The float8 log line the trainer writes (gamma_titan/training/trainer.py, `float8_layers`).
@@ -180,15 +205,16 @@ def float8_layers(log: str) -> tuple[int, set[str], set[str]] | None:
     return int(m.group(1)), split(m.group(2)), split(m.group(3))
 
 
-def judge_float8(run: Run, bf16: Run, steps: int, warmup: int, expected: tuple[int, set[str], set[str]],
+def judge_float8(run: Run, bf16: Run | None, steps: int, warmup: int, expected: tuple[int, set[str], set[str]],
                  compiled: bool = True, rtol: float = FLOAT8_LOSS_RTOL) -> Verdict:
-    """dense_float8: the float8 layers are the expected ones (and none of the output head,
-    the router or a headwise gate), the loss after `steps` is within `rtol` of the bf16
-    run's and not identical to it; the tokens/s ratio to bf16 is printed."""
+    """dense_float8, on its own: finishes, the float8 layers are the expected ones (none of
+    the output head, the router or a headwise gate), the loss falls. Against the bf16 run
+    of dense_bf16 where it finished: the loss after `steps` within `rtol` of bf16's and not
+    identical to it, the tokens/s ratio printed; "not measured" where it did not."""
     failures = run_failures(run, steps) + (compile_failures(run) if compiled else [])
     layers = float8_layers(run.log)
     details = {"expected_layers": [expected[0], sorted(expected[1]), sorted(expected[2])], "loss_rtol": rtol,
-               "losses": run.losses}
+               "losses": run.losses, "compile_seconds": run.compile_seconds, "run_seconds": run.seconds}
     if layers is None:
         failures.append("no float8 layer line in the log")
     else:
@@ -196,10 +222,16 @@ def judge_float8(run: Run, bf16: Run, steps: int, warmup: int, expected: tuple[i
         if layers != expected:
             failures.append(f"float8 layers {layers[0]} {sorted(layers[1])}, high precision {sorted(layers[2])}; "
                             f"expected {expected[0]} {sorted(expected[1])}, high precision {sorted(expected[2])}")
-    ours, theirs = run.losses, bf16.losses
-    if not ours or len(ours) != len(theirs):
-        failures.append("no bf16 losses to compare with")
-        return _verdict(failures, "", details)
+    ours = run.losses
+    if len(ours) >= 2 and not min(ours[-3:]) < ours[0]:
+        failures.append(f"loss {ours[0]:.4f} -> {ours[-1]:.4f}: did not fall")
+    figure = f"{layers[0] if layers else 0} float8 linears"
+    theirs = bf16.losses if bf16 is not None else []
+    if not ours:
+        return _verdict(failures, figure, details)
+    if len(theirs) != len(ours):
+        return _verdict(failures, f"{figure}; loss {ours[0]:.4f} -> {ours[-1]:.4f}; against bf16 not measured "
+                                  "(no finished dense_bf16 run)", details)
     diff = abs(ours[-1] - theirs[-1]) / abs(theirs[-1])
     details["final_loss_rel_diff"] = diff
     if diff > rtol:
@@ -209,8 +241,9 @@ def judge_float8(run: Run, bf16: Run, steps: int, warmup: int, expected: tuple[i
     tps, ref = run.median("tps", warmup), bf16.median("tps", warmup)
     ratio = tps / ref if tps and ref else None
     details |= {"tokens_per_s": tps, "speed_vs_bf16": ratio}
-    figure = (f"{layers[0] if layers else 0} float8 linears; loss {ours[-1]:.4f} vs bf16 {theirs[-1]:.4f} "
-              f"({diff:.1e}); float8/bf16 tokens/s {ratio:.3f}" if ratio else "")
+    figure += f"; loss {ours[-1]:.4f} vs bf16 {theirs[-1]:.4f} ({diff:.1e})"
+    if ratio:
+        figure += f"; float8/bf16 tokens/s {ratio:.3f}"
     return _verdict(failures, figure, details)
 
 
@@ -227,7 +260,8 @@ def judge_moe(run: Run, steps: int, expected_first: float | None, compiled: bool
     failures = run_failures(run, steps) + (compile_failures(run) if compiled else [])
     failures += first_loss_failures(run, expected_first)
     losses, load = run.losses, moe_load(run.records)
-    details = {"losses": losses, "load_max_over_mean": load, "recompiles": run.recompiles, "min_loss_drop": min_drop}
+    details = {"losses": losses, "load_max_over_mean": load, "recompiles": run.recompiles, "min_loss_drop": min_drop,
+               "compile_seconds": run.compile_seconds, "run_seconds": run.seconds}
     if len(losses) >= 2:
         drop = 1 - min(losses[-3:]) / losses[0]
         details["loss_drop"] = drop
@@ -270,33 +304,47 @@ def judge_diagnostics(run: Run, warmup: int, freq: int, default_freq: int = 100)
     return _verdict(failures, figure, details)
 
 
+#: The SIGTERM save must reach this share of the disk's measured write bandwidth: DCP
+#: stages, serialises and writes one file per rank (measured on the CPU machine: ...).
+MIN_SAVE_SHARE_OF_DISK = 0.25
+#: What a save costs beyond its bytes (DCP's plan, metadata, barriers): the launch's own
+#: figure (gamma_titan/training/launch.SAVE_OVERHEAD_SECONDS).
+SAVE_OVERHEAD_S = 5.0
+
+
 def judge_drill(first: Run, resumed: Run, resume_step: int, saved: list[int], incomplete: list[int],
-                save_seconds: float | None, estimate: float | None, stop_seconds: float | None) -> Verdict:
+                save_seconds: float | None, save_bytes: int, disk_bytes_per_s: float,
+                stop_seconds: float | None) -> Verdict:
     """sigterm_drill: the run stopped by SIGTERM left a complete checkpoint of its last
-    step and exited; its save took no longer than the estimate that sizes a job's grace
-    period; the run resumed from step `resume_step` logs, at the next step, exactly the
-    loss the first run logged there."""
+    step and exited; its save took no longer than its bytes at MIN_SAVE_SHARE_OF_DISK of
+    the disk's measured bandwidth plus SAVE_OVERHEAD_S (a slow disk reads as slow, not as a
+    broken save); the run resumed from step `resume_step` logs, at the next step, exactly
+    the loss the first run logged there."""
     failures = []
     last = first.records[-1]["step"] if first.records else None
     if stop_seconds is None:
         failures.append("no exit after SIGTERM")
     if last is None or last not in saved or incomplete:
         failures.append(f"checkpoints {saved} (incomplete {incomplete}) after SIGTERM at step {last}")
-    if save_seconds is None or estimate is None:
+    allowed = SAVE_OVERHEAD_S + save_bytes / (MIN_SAVE_SHARE_OF_DISK * disk_bytes_per_s)
+    if save_seconds is None:
         failures.append("no save time logged")
-    elif save_seconds > estimate:
-        failures.append(f"save {save_seconds:.1f} s, over the estimate {estimate:.1f} s")
+    elif save_seconds > allowed:
+        failures.append(f"save {save_seconds:.1f} s, over the {allowed:.1f} s the disk allows")
     step = resume_step + 1
     theirs = {r["step"]: r.get("loss") for r in first.records}.get(step)
     ours = {r["step"]: r.get("loss") for r in resumed.records}.get(step)
     failures += run_failures(resumed, len(resumed.losses) or 1, "resumed")
     if theirs is None or ours is None or ours != theirs:
         failures.append(f"step {step}: resumed loss {ours}, uninterrupted {theirs}")
+    save_rate = save_bytes / save_seconds if save_seconds else None
     details = {"last_step": last, "saved": saved, "incomplete": incomplete, "save_seconds": save_seconds,
-               "estimated_save_seconds": estimate, "stop_seconds": stop_seconds, "resumed_loss": ours,
+               "save_bytes": save_bytes, "save_bytes_per_s": save_rate, "disk_bytes_per_s": disk_bytes_per_s,
+               "allowed_save_seconds": allowed, "stop_seconds": stop_seconds, "resumed_loss": ours,
                "uninterrupted_loss": theirs}
-    figure = (f"stopped at step {last} in {stop_seconds or 0:.1f} s, save {save_seconds or 0:.1f} s "
-              f"(estimate {estimate or 0:.1f} s); resumed step {step} loss "
+    figure = (f"stopped at step {last} in {stop_seconds or 0:.1f} s, save {save_seconds or 0:.1f} s of "
+              f"{save_bytes / 1e9:.2f} GB ({(save_rate or 0) / 1e9:.2f} GB/s; disk {disk_bytes_per_s / 1e9:.2f} GB/s, "
+              f"allowed {allowed:.1f} s); resumed step {step} loss "
               f"{'equal' if ours == theirs is not None else f'{ours} vs {theirs}'}")
     return _verdict(failures, figure, details)
 

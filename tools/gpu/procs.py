@@ -35,8 +35,19 @@ def become_subreaper() -> bool:
         return False
 
 
+#: Descendants that were there before the checks (gpu_check.sh's `tee` of the console, a
+#: child of this process once bash exec'd it): never killed, never waited for.
+SPARED: set[int] = set()
+
+
+def spare_current_descendants() -> None:
+    """Spare every descendant alive now from `kill_descendants` and `wait_released`."""
+    SPARED.update(descendants())
+
+
 def descendants(root: int | None = None) -> list[int]:
-    """Live (non-zombie) descendants of `root` (default: this process), from /proc."""
+    """Live (non-zombie) descendants of `root` (default: this process), from /proc, but
+    the SPARED ones and theirs."""
     root = os.getpid() if root is None else root
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
@@ -52,8 +63,9 @@ def descendants(root: int | None = None) -> list[int]:
     found, todo = [], [root]
     while todo:
         for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
+            if child not in SPARED:
+                found.append(child)
+                todo.append(child)
     return found
 
 

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
-from packaging.markers import Marker
 from packaging.requirements import Requirement
 from packaging.tags import Tag
 from packaging.utils import canonicalize_name, parse_wheel_filename
@@ -161,27 +160,39 @@ def is_never_carried(name: str) -> bool:
     return name in NEVER_CARRIED or name.startswith(NEVER_CARRIED_PREFIXES)
 
 
-def installed_problems() -> list[str]:
+def installed_problems(lock: dict | None = None) -> tuple[list[str], list[str]]:
     """The closure against the packages this interpreter really has (run on the image after
-    the install: versions the package list does not give are checked here)."""
+    the install: versions the package list does not give are checked here), as (errors,
+    warnings). An error is what would break a run: a package that this project or a carried
+    wheel needs and that is not installed, or a carried wheel at another version than its
+    requirement. A mismatch among the image's own packages (the pins inside torch's
+    metadata, a version the image chose) is a warning: the image runs as it was built."""
     from importlib import metadata
 
-    problems, todo, seen = [], [(r, "gamma-titan") for r in project_requires()], set()
+    lock = json.loads(LOCK.read_text()) if lock is None else lock
+    ours = {canonicalize_name(w["name"]) for w in lock["wheels"]} | {"gamma-titan"}
+    errors, warnings = [], []
+    todo, seen = [(r, "gamma-titan") for r in project_requires()], set()
     while todo:
         text, parent = todo.pop()
         req = Requirement(text)
-        if (req.marker is not None and not req.marker.evaluate({"extra": ""})) or canonicalize_name(req.name) in seen:
+        name = canonicalize_name(req.name)
+        if (req.marker is not None and not req.marker.evaluate({"extra": ""})) or (name, parent) in seen:
             continue
-        seen.add(canonicalize_name(req.name))
+        seen.add((name, parent))
+        needed_by_us = canonicalize_name(parent) in ours
         try:
             dist = metadata.distribution(req.name)
         except metadata.PackageNotFoundError:
-            problems.append(f"{text} (needed by {parent}): not installed")
+            (errors if needed_by_us else warnings).append(f"{text} (needed by {parent}): not installed")
             continue
         if not req.specifier.contains(Version(dist.version), prereleases=True):
-            problems.append(f"{text} (needed by {parent}): {dist.version} is installed")
-        todo += [(r, req.name) for r in dist.requires or []]
-    return problems
+            problem = f"{text} (needed by {parent}): {dist.version} is installed"
+            (errors if name in ours else warnings).append(problem)
+        if (name, None) not in seen:
+            seen.add((name, None))
+            todo += [(r, req.name) for r in dist.requires or []]
+    return errors, warnings
 
 
 # --- downloads -------------------------------------------------------------------------------------
@@ -308,11 +319,18 @@ def main(argv: list[str] | None = None) -> int:
     elif ns.command == "lock":
         LOCK.write_text(json.dumps(lock(), indent=1) + "\n")
         print(f"wrote {LOCK}")
-    elif ns.command in ("verify", "installed"):
-        problems = verify(ns.folder) if ns.command == "verify" else installed_problems()
+    elif ns.command == "verify":
+        problems = verify(ns.folder)
         for p in problems:
             print(f"error: {p}", file=sys.stderr)
         return 2 if problems else 0
+    elif ns.command == "installed":
+        errors, warnings = installed_problems()
+        for p in warnings:
+            print(f"warning: {p} (the image's own; going on)", file=sys.stderr)
+        for p in errors:
+            print(f"error: {p}", file=sys.stderr)
+        return 2 if errors else 0
     return 0
 
 
