@@ -57,12 +57,19 @@ GPUS_PER_NODE = 8
 
 def cmd_train(ns, overrides: list[str]) -> int:
     from gamma_titan.config import load_job_config
-    from gamma_titan.training.preflight import preflight
+    from gamma_titan.training.preflight import finished_run, preflight
 
     nproc = _default_nproc() if ns.nproc is None else ns.nproc
     argv = _config_argv(ns.config, overrides)
     config = load_job_config(argv)
     spec, args = preflight(config, world_size=nproc, local_world_size=nproc)  # fail here, before torchrun starts
+    done = finished_run(config)
+    if done is not None:  # no launch, no run record
+        print(done)
+        return 0
+    from gamma_titan.training.run_lock import check_free
+
+    check_free(config.job.dump_folder)  # a live run in this folder: refused before torchrun starts
     from gamma_titan.training.launch import launch_command, torchrun_command
     from gamma_titan.training.run_record import LAUNCH_COMMAND_ENV
 
@@ -121,7 +128,12 @@ def cmd_tokenizer_train(ns, overrides: list[str]) -> int:
         return 0
     if ns.out is None:
         raise ConfigError("--out: required with --input (the folder to write the tokenizer to)")
-    print(train_tokenizer_from(ns.input, ns.vocab_size, ns.out, force=ns.force))
+    from gamma_titan.data.clean_text import TextErrors
+
+    errors = None if ns.errors == "strict" else TextErrors(ns.errors)
+    print(train_tokenizer_from(ns.input, ns.vocab_size, ns.out, force=ns.force, errors=errors))
+    if errors is not None:
+        print(errors.summary())
     return 0
 
 
@@ -133,7 +145,8 @@ def cmd_pretokenize(ns, overrides: list[str]) -> int:
 
     tokenizer = resolve_tokenizer_path(ns.tokenizer, key="--tokenizer")
     result = pretokenize(ns.input, tokenizer, ns.out, val_input=ns.val_input, val_fraction=ns.val_fraction,
-                         num_proc=ns.num_proc, docs_per_shard=ns.docs_per_shard, progress=not ns.quiet)
+                         num_proc=ns.num_proc, docs_per_shard=ns.docs_per_shard, progress=not ns.quiet,
+                         errors=ns.errors)
     print(f"{ns.out}: {result.summary()}")
     return 0
 
@@ -224,6 +237,12 @@ def cmd_recipe(ns, overrides: list[str]) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from gamma_titan.data.tokenizer import DEFAULT_BUILTIN_VOCAB, MIN_VOCAB_SIZE
+    from gamma_titan.data.clean_text import POLICIES
+
+    errors_help = ("text that is not clean (bytes not UTF-8, a null or non-string text, a line that is not JSON): "
+                   "strict refuses it in one line naming the file and line; replace puts U+FFFD for each "
+                   "undecodable byte; skip leaves such documents out (both skip records without a string "
+                   "text, and count what they did); local files only")
 
     parser = Parser(prog="gamma-titan", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -251,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     tok_train.add_argument("--out", help="folder to write tokenizer.json and tokenizer_config.json to")
     tok_train.add_argument("--vocab-size", type=count(MIN_VOCAB_SIZE), default=DEFAULT_BUILTIN_VOCAB)
     tok_train.add_argument("--force", action="store_true", help="retrain even if cached / replace the one in --out")
+    tok_train.add_argument("--errors", choices=POLICIES, default="strict", help=errors_help)
     tok_train.set_defaults(run=cmd_tokenizer_train)
 
     from gamma_titan.data.pretokenize import DEFAULT_DOCS_PER_SHARD
@@ -265,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--val-input", help="documents for the validation split (besides --val-fraction)")
     pre.add_argument("--docs-per-shard", type=count(1), default=DEFAULT_DOCS_PER_SHARD,
                      help="documents per work unit and shard")
+    pre.add_argument("--errors", choices=POLICIES, default="strict", help=errors_help)
     pre.add_argument("--quiet", action="store_true", help="no progress bar")
     pre.set_defaults(run=cmd_pretokenize)
 

@@ -103,10 +103,7 @@ def inspect_model(spec, args, seq_len: int, measure: bool = True, probe_batch: i
         "flops_per_token": flops,
         "seq_len": seq_len,
         "active_params": args.active_params(),
-        "init_rate": None if titan_init else cfg.rate,
-        "init_rate_overrides": {} if titan_init else dict(cfg.rate_overrides),
-        "norm_eps": args.norm_eps,
-        "attention_gate": args.attention_gate,
+        **knobs(args),
         "measured": measure,
     }
     if not measure:
@@ -193,6 +190,21 @@ def weight_decay_report(spec, args, policy: str) -> dict:
         return decay_counts(spec.model_cls(args), policy)
 
 
+def knobs_line(report: dict) -> str:
+    """γ, ε and the gate as resolved (inspect_model's report, or `knobs(args)`)."""
+    return ((f"γ = {report['init_rate']:g}" if report["init_rate"] is not None else "TorchTitan's init")
+            + (f" (overrides {report['init_rate_overrides']})" if report["init_rate_overrides"] else "")
+            + f", ε = {report['norm_eps']:g}, attention gate = {report['attention_gate']}")
+
+
+def knobs(args) -> dict:
+    """The three knobs of a family's args, as the report holds them."""
+    titan_init = args.init is None
+    return {"init_rate": None if titan_init else args.init.rate,
+            "init_rate_overrides": {} if titan_init else dict(args.init.rate_overrides),
+            "norm_eps": args.norm_eps, "attention_gate": args.attention_gate}
+
+
 def format_report(report: dict) -> str:
     """The human-readable form: one line per (group, shape), then the model summary."""
     active = report.get("active_params")
@@ -201,9 +213,7 @@ def format_report(report: dict) -> str:
         + (f" ({active:,} active per token: matmul weights incl. output head)" if active else "")
         + ", "
         f"{report['flops_per_token'] / 1e9:.3f} GFLOP/token for training at seq_len {report['seq_len']}",
-        (f"γ = {report['init_rate']:g}" if report["init_rate"] is not None else "TorchTitan's init")
-        + (f" (overrides {report['init_rate_overrides']})" if report["init_rate_overrides"] else "")
-        + f", ε = {report['norm_eps']:g}, attention gate = {report['attention_gate']}",
+        knobs_line(report),
         "",
         f"{'group':<10} {'shape':<16} {'count':>5} {'fan_in':>7} {'γ':>5} {'target std':>11} {'measured std':>18}",
     ]

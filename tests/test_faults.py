@@ -68,8 +68,9 @@ def test_poisoned_batch_stops_the_run_when_configured(tmp_path, builtin_assets):
     assert_finite_checkpoint(dump / "checkpoint" / "step-2")
 
 
-def sigterm_after_three_steps(command: list[str], env: dict, dump, log, timeout: int = 120) -> tuple[int, str]:
-    """Start a run, SIGTERM it once three steps are logged, wait; (exit code, log text)."""
+def sigterm_after_three_steps(command: list[str], env: dict, dump, log, timeout: int = 120,
+                              sig: int = signal.SIGTERM) -> tuple[int, str]:
+    """Start a run, send it `sig` once three steps are logged, wait; (exit code, log text)."""
     with open(log, "w") as sink:  # a file, not a pipe: nobody reads a pipe while training runs
         proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True)
         try:
@@ -77,26 +78,30 @@ def sigterm_after_three_steps(command: list[str], env: dict, dump, log, timeout:
             while not ((dump / "metrics.jsonl").exists() and len(read_metrics(dump)) >= 3):
                 assert proc.poll() is None and time.monotonic() < deadline, "the run ended before it was stopped"
                 time.sleep(0.2)
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(sig)
             proc.wait(timeout=timeout)
         finally:
             proc.kill()
     return proc.returncode, log.read_text()
 
 
-def sigterm_then_resume(tmp_path, nproc: int, *extra: str) -> None:
-    """One process: SIGTERM to it, then resume. Two: SIGTERM to torchrun, which forwards it
-    to both ranks (torchrun itself then exits 1, as it does for any signal; the ranks exit
-    cleanly)."""
+def sigterm_then_resume(tmp_path, nproc: int, *extra: str, sig: int = signal.SIGTERM) -> None:
+    """One process: SIGTERM (or Ctrl-C's SIGINT) to it, then resume. Two: SIGTERM to
+    torchrun, which forwards it to both ranks (torchrun itself then exits 1, as it does for
+    any signal; the ranks exit cleanly)."""
     dump = tmp_path / "run"
     command, env = trainer_command(dump, *FAST, "--checkpoint.enable", "true", "--checkpoint.interval", "1000",
                                    "--training.steps", "400", *extra, nproc=nproc)
-    code, out = sigterm_after_three_steps(command, env, dump, tmp_path / "log.txt")
+    code, out = sigterm_after_three_steps(command, env, dump, tmp_path / "log.txt", sig=sig)
+    if sig == signal.SIGINT:  # Ctrl-C: the same clean stop, no KeyboardInterrupt traceback
+        assert "SIGINT: finishing this step, checkpointing it and exiting" in out and "Traceback" not in out, out[-3000:]
     assert code == (0 if nproc == 1 else 1), out[-3000:]
     last = read_metrics(dump)[-1]["step"]
     assert 3 <= last < 400
     assert complete_steps(dump) == ([last], [])
     assert out.count(f"SIGTERM: checkpointed step {last}") == nproc  # every rank, the same step
+    if nproc == 1:  # the last lines name the checkpoint just written
+        assert f"last checkpoint: {dump.resolve() / 'checkpoint' / f'step-{last}'}" in out, out[-3000:]
 
     if nproc > 1:
         return  # 2-rank resumes are tested in tests/test_faults_distributed.py
@@ -105,8 +110,10 @@ def sigterm_then_resume(tmp_path, nproc: int, *extra: str) -> None:
     assert [r["step"] for r in read_metrics(dump)][-3:] == [last, last + 1, last + 2]
 
 
-def test_sigterm_checkpoints_the_current_step_and_the_run_resumes(tmp_path, builtin_assets):
-    sigterm_then_resume(tmp_path, nproc=1)
+def test_ctrl_c_checkpoints_the_current_step_as_sigterm_does_and_the_run_resumes(tmp_path, builtin_assets):
+    """SIGINT (Ctrl-C at a terminal) to one process; SIGTERM to one process is the GPU check's
+    drill (tools/gpu_check.sh --dry-run, tests/test_gpu_check.py), to torchrun below."""
+    sigterm_then_resume(tmp_path, nproc=1, sig=signal.SIGINT)
 
 
 def test_sigterm_waits_for_an_async_checkpoint_in_flight(tmp_path, builtin_assets):

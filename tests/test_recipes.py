@@ -116,6 +116,7 @@ def test_dry_run_lists_the_runs(name, scale, builtin_assets, tmp_path, capsys):
         assert sorted(p.stem for p in scripts) == sorted(r.name for r in runs)
         for path in scripts:
             check_sbatch_script(path, next(r for r in runs if r.name == path.stem), out)
+        assert sorted(p.name for p in out.iterdir()) == ["recipe.json", "slurm"]  # no empty run folder
 
 
 def test_the_epoch_guard_refuses_a_second_pass_unless_the_recipe_allows_it(builtin_assets, tmp_path):
@@ -172,7 +173,7 @@ def check_sbatch_script(path: Path, run, out: Path) -> None:
     assert f"--nproc_per_node={run.gpus_per_node}" in text
     assert f"--job.dump_folder {(out / run.name).resolve()}" in text
     assert f"--training.steps {run.steps}" in text and "-m gamma_titan.train" in text
-    assert (out / run.name).is_dir()  # SLURM opens --output there before the script runs
+    assert f"#SBATCH --output={(out / run.name).resolve()}/slurm-%j.out\n" in text  # its folder: made at submission
     # The stop (hazard 3): the grace period covers the step and an estimated full save; torchrun
     # waits for it before SIGKILL, and SLURM's SIGTERM comes that much before the time limit.
     grace = run.stop_grace_seconds
@@ -234,6 +235,7 @@ def test_slurm_submits_one_job_per_unfinished_run(builtin_assets, tmp_path, monk
     calls = (bin_dir / "calls").read_text().splitlines()
     assert len(calls) == 4 and all(c.startswith("--parsable ") and c.endswith(".sbatch") for c in calls)
     assert json.loads((out / "slurm" / "jobs.json").read_text()) == {r.name: "4242" for r in runs}
+    assert all((out / r.name).is_dir() for r in runs)  # made at submission: SLURM opens --output first
     # a rerun after one run finished submits the other three only
     finished.mkdir(exist_ok=True)
     (tmp_path / "metrics.jsonl").rename(finished / "metrics.jsonl")

@@ -9,7 +9,7 @@ import torch
 
 from gamma_titan.config import load_job_config
 from gamma_titan.errors import ConfigError
-from gamma_titan.training.preflight import preflight
+from gamma_titan.training.preflight import preflight, resume_notes
 from helpers import DEBUG_TOML, QUIET, read_metrics, run_trainer
 
 # A schedule that does not depend on training.steps (warm-up, then constant): the first 8
@@ -31,6 +31,24 @@ def test_extending_a_finished_run_continues_it_bitwise(tmp_path, builtin_assets)
     extended = read_metrics(dump)
     assert [r["step"] for r in extended] == list(range(1, 17))
     assert [r["loss"] for r in extended] == [r["loss"] for r in read_metrics(reference)]
+
+    # the same command once more: nothing to do, said in one line, no new run record
+    records = sorted((dump / "runs").iterdir())
+    again = run_trainer(dump, *RUN, "--training.steps", "16")
+    assert again.stdout.strip().splitlines()[-1] == \
+        f"nothing to do: step 16 of 16 is done ({dump / 'checkpoint'}); raise --training.steps to extend"
+    assert sorted((dump / "runs").iterdir()) == records and len(read_metrics(dump)) == 16
+    # an extension whose schedule spans training.steps (a decay to the last step) says so
+    config = load_job_config(["--job.config_file", str(DEBUG_TOML), "--job.dump_folder", str(dump),
+                              *RUN[:-6], "--checkpoint.enable", "true", "--training.steps", "24"])
+    notes = resume_notes(config, 1)
+    assert len(notes) == 1 and "decay of the learning rate now ends at step 24, not 16" in notes[0]
+    assert resume_notes(load_job_config([*config_argv(dump), "--training.steps", "24",
+                                         "--lr_scheduler.total_steps", "24"]), 1) == []
+
+
+def config_argv(dump):
+    return ["--job.config_file", str(DEBUG_TOML), "--job.dump_folder", str(dump), "--checkpoint.enable", "true"]
 
 
 def save_checkpoint(folder, state: dict) -> None:

@@ -319,3 +319,28 @@ def test_trained_checkpoint_converts_to_hf_with_the_same_logits(debug_run, tmp_p
     with torch.no_grad():
         expected = torch.nn.functional.cross_entropy(model(inputs["input"]).flatten(0, 1), labels.flatten())
     assert read_metrics(tmp_path / "run")[0]["loss"] == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_the_run_says_what_it_reads_and_the_knobs_it_resolved(debug_run_console):
+    """run.json's `reads` and the start lines: the built-in source's tokens (its meta.json),
+    the epochs 30 steps take of it, the validation source, the tokenizer; TorchTitan's
+    "Starting job" line carries the resolved knobs."""
+    from gamma_titan.config import load_job_config
+    from gamma_titan.data.builtin_shards import ensure_builtin_shards
+    from gamma_titan.data.tokenizer import ensure_builtin_tokenizer
+    from gamma_titan.training.preflight import global_batch_size
+
+    dump, console = debug_run_console
+    reads = json.loads(next((dump / "runs").glob("*/run.json")).read_text())["reads"]
+    meta = json.loads((ensure_builtin_shards(ensure_builtin_tokenizer(4096)) / "meta.json").read_text())
+    config = load_job_config(["--job.config_file", str(DEBUG_TOML), *DEBUG_RUN, *THIS_RUN])
+    train_tokens = meta["splits"]["train"]["tokens"]
+    sequences = (train_tokens - 1) // config.training.seq_len
+    [train] = reads["training"]
+    assert train["tokens"] == train_tokens and train["weight"] == 1.0
+    assert train["epochs"] == pytest.approx(30 * global_batch_size(config.training, 1) / sequences, rel=1e-12)
+    [validation] = reads["validation"]
+    assert validation["tokens"] == meta["splits"]["validation"]["tokens"] and validation["epochs"] is None
+    assert reads["tokenizer"]["vocab_size"] == 4096 == reads["tokenizer"]["model_vocab_size"]
+    assert f"reads: training data 'builtin' (train split): weight 1, {train_tokens:,} tokens, " in console
+    assert "Starting job: gamma_dense debug: γ = 1, ε = 1e-12, attention gate = elementwise (config: " in console

@@ -55,6 +55,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gamma_titan.config.flags import number  # noqa: E402
 from gpu import checks  # noqa: E402
 from gpu.judges import Verdict  # noqa: E402
 from gpu.procs import become_subreaper, gpu_memory_used_mib, kill_descendants, spare_current_descendants, \
@@ -301,7 +302,7 @@ def main(argv: list[str] | None = None, steps: list[Step] | None = None) -> int:
     parser.add_argument("--scratch", type=Path, help="runs and checkpoints (default: a new folder under $TMPDIR); "
                                                      "removed at the end")
     parser.add_argument("--dry-run", action="store_true", help="debug configs, eager, on the CPU")
-    parser.add_argument("--time-limit", type=float, metavar="SECONDS",
+    parser.add_argument("--time-limit", type=number(0), metavar="SECONDS",
                         help=f"start no check whose budget would end after this many seconds of checks (default on "
                              f"a GPU: {checks.ONE_GPU_SECONDS}, the 8 minutes less the install; none in a dry run)")
     parser.add_argument("--only", action="append", default=[], metavar="NAME",

@@ -4,6 +4,7 @@ Modules (import the one you need; this package imports nothing on its own):
   names           -- the TOML's dataset names and `on_exhausted` choices (a leaf: no imports)
   cache           -- cache folder, cross-process file lock, atomic folder builds
   text_sources    -- parse and open a text source (file, folder, save_to_disk folder, hub id)
+  clean_text      -- text that is not clean: refused in one line, or replaced / skipped and counted
   builtin_corpus  -- English corpus generated from CPython's own documentation
   tokenizer       -- train / cache / resolve byte-level BPE tokenizers
   shards          -- the token-shard format: tokenizer identity, meta.json, memory-mapped reads
@@ -14,4 +15,5 @@ Modules (import the one you need; this package imports nothing on its own):
   rank_batches    -- one data-parallel rank's local batches of that sequence, checkpointable
   registry        -- register "hf" with TorchTitan; check any dataset choice before training
   loader          -- the dataloaders TorchTitan's Trainer and our validator get; the probe batch
+  reads           -- what a run reads, said at its start: sources, weights, tokens, epochs, tokenizer
 """

@@ -3,9 +3,16 @@
 The input is read in work units of `docs_per_shard` documents. Each unit is tokenized by a
 worker process and written as one shard per split (its held-out documents, chosen by a hash
 of their text, go to the validation split), then recorded in `.progress/`. A rerun skips
-every recorded unit whose files are intact, so an interrupted run resumes where it stopped
-and a finished one does nothing; meta.json, written last, marks the folder complete. The
-unit layout does not depend on the number of processes, so neither does the output.
+every recorded unit whose files are intact and whose texts are the same (a record keeps
+their sha256), so an interrupted run resumes where it stopped, an edited input redoes the
+units it changed, and a finished run reads its input again and writes no shard; meta.json, written last, marks the folder
+complete. The unit layout does not depend on the number of processes, so neither does the
+output. The inputs are opened, and strictly checked, before anything is written; a call that
+fails before any unit is done leaves nothing behind (a folder holding only a plan is
+replaced by the next call, whatever its settings).
+
+Text that is not clean (clean_text.py) is refused in one line, or with `errors` "replace" /
+"skip" cleaned while it is read (local files only), the counts in the summary and meta.json.
 
 Tokenization happens in the workers, one thread each (TOKENIZERS_PARALLELISM=false):
 `num_proc` is the parallelism, and the throughput per process is what it reports.
@@ -18,6 +25,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import shutil
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -27,6 +35,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from gamma_titan.data.cache import write_json_atomic
+from gamma_titan.data.clean_text import TextErrors, check_policy, clean_texts
 from gamma_titan.data.shards import FORMAT, FORMAT_VERSION, META_FILE, SPLITS, TokenizerInfo, token_dtype, tokenizer_info
 from gamma_titan.data.text_sources import TEXT_FIELD, load_source, parse_source
 from gamma_titan.errors import ConfigError
@@ -49,6 +58,7 @@ class Result:
     tokens_encoded: int
     seconds: float
     num_proc: int
+    text_errors: TextErrors | None = None
 
     def summary(self) -> str:
         splits = ", ".join(f"{name} {s['docs']} docs / {s['tokens']} tokens"
@@ -58,6 +68,8 @@ class Result:
             rate = self.tokens_encoded / self.seconds
             line += (f"; {self.tokens_encoded} tokens in {self.seconds:.1f} s = {rate:,.0f} tokens/s "
                      f"({rate / self.num_proc:,.0f} per process, {self.num_proc} processes)")
+        if self.text_errors is not None:
+            line += f"; {self.text_errors.summary()}"
         return line
 
 
@@ -82,7 +94,7 @@ def _init_worker(tokenizer_file: str, info: TokenizerInfo, out: str, val_fractio
                    dtype=token_dtype(info.vocab_size), val_fraction=val_fraction)
 
 
-def _encode_unit(tag: str, unit: int, texts: list[str], heldout: bool) -> dict[str, Any]:
+def _encode_unit(tag: str, unit: int, texts: list[str], heldout: bool, digest: str) -> dict[str, Any]:
     """Tokenize one unit and write its shards; returns its progress record."""
     w = _worker
     encodings = w["tokenizer"].encode_batch(texts, add_special_tokens=False)
@@ -90,7 +102,7 @@ def _encode_unit(tag: str, unit: int, texts: list[str], heldout: bool) -> dict[s
     for text, enc in zip(texts, encodings):
         split = "validation" if heldout or is_validation(text, w["val_fraction"]) else "train"
         docs[split].append(enc.ids)
-    record: dict[str, Any] = {"tag": tag, "unit": unit, "docs_in": len(texts), "splits": {}}
+    record: dict[str, Any] = {"tag": tag, "unit": unit, "docs_in": len(texts), "texts_sha256": digest, "splits": {}}
     for split, ids in docs.items():
         if ids:
             record["splits"][split] = _write_shard(w["out"], f"{split}/{tag}{unit:05d}", ids,
@@ -132,12 +144,13 @@ def _unit_is_intact(out: Path, record: dict[str, Any], dtype: np.dtype) -> bool:
 
 
 def _check_out(out: Path, plan: dict[str, Any]) -> None:
-    """`out` must be empty, or a folder this same plan started (resume) or finished."""
+    """`out` must be empty, a folder this same plan started (resume) or finished, or one an
+    earlier call planned without finishing any unit (replaced)."""
     plan_file = out / PROGRESS_DIR / PLAN_FILE
     if plan_file.is_file():
-        previous = json.loads(plan_file.read_text(encoding="utf-8"))
+        previous = {"errors": "strict", **json.loads(plan_file.read_text(encoding="utf-8"))}  # before --errors
         changed = sorted(k for k in plan.keys() | previous.keys() if plan.get(k) != previous.get(k))
-        if changed:
+        if changed and _holds_units(out):
             raise ConfigError(f"--out: {out} holds shards written with other settings "
                               f"({', '.join(changed)} differ); use a new --out folder")
     elif out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -145,11 +158,43 @@ def _check_out(out: Path, plan: dict[str, Any]) -> None:
                           "use a new --out folder")
 
 
-def _open_input(source_value: str, key: str, docs_per_shard: int):
-    """(dataset, number of units or None for a stream) of a text source, opened once."""
+def _holds_units(out: Path) -> bool:
+    """Whether an earlier call finished a unit (a progress record or a shard) in `out`."""
+    records = [p for p in (out / PROGRESS_DIR).glob("*.json") if p.name != PLAN_FILE]
+    return bool(records) or any((out / split).is_dir() and any((out / split).iterdir()) for split in SPLITS)
+
+
+class _CleanStream:
+    """A local source read by clean_text under a replace/skip policy, shaped like a streamed
+    `datasets` dataset (`iter(batch_size)`); every pass counts into `errors` afresh."""
+
+    def __init__(self, files: tuple[str, ...], builder: str, errors: TextErrors):
+        self.files, self.builder, self.errors = files, builder, errors
+
+    def iter(self, batch_size: int) -> Iterator[dict[str, list[str]]]:
+        batch: list[str] = []
+        for text in clean_texts(self.files, self.builder, self.errors):
+            batch.append(text)
+            if len(batch) == batch_size:
+                yield {TEXT_FIELD: batch}
+                batch = []
+        if batch:
+            yield {TEXT_FIELD: batch}
+
+
+def _open_input(source_value: str, key: str, docs_per_shard: int, errors: TextErrors | None):
+    """(dataset, number of units or None for a stream) of a text source, opened once and
+    (strict) checked; with `errors`, a local source read through its policy."""
     from datasets import Dataset
 
-    ds = load_source(parse_source(source_value, key), source_value)
+    source = parse_source(source_value, key)
+    if errors is not None:
+        if source.kind != "files":
+            raise ConfigError(f"{key}: --errors {errors.policy} reads local .txt/.jsonl/.json/.parquet files; "
+                              f"'{source_value}' is a {'hub' if source.kind == 'hub' else 'save_to_disk'} source, "
+                              "read strictly (leave --errors out)")
+        return _CleanStream(source.files, source.builder, errors), None
+    ds = load_source(source, source_value, key)
     return ds, (-(-len(ds) // docs_per_shard) if isinstance(ds, Dataset) else None)
 
 
@@ -166,16 +211,25 @@ def _datasets_progress(enabled: bool) -> Iterator[None]:
         (datasets_logging.enable_progress_bar if was else datasets_logging.disable_progress_bar)()
 
 
-def _units(ds, n_units: int | None, docs_per_shard: int, done: set[int]) -> Iterator[tuple[int, list[str]]]:
-    """(unit, texts) of every unit not in `done`."""
-    if n_units is not None:  # random access: read only the units still to do
-        for unit in range(n_units):
-            if unit not in done:
-                yield unit, ds[unit * docs_per_shard : (unit + 1) * docs_per_shard][TEXT_FIELD]
-        return
-    for unit, batch in enumerate(ds.iter(batch_size=docs_per_shard)):  # a stream: read it all
-        if unit not in done:
-            yield unit, batch[TEXT_FIELD]
+def _units(ds, n_units: int | None, docs_per_shard: int, done: dict[int, str | None], key: str,
+           seen: list[int]) -> Iterator[tuple[int, list[str], str]]:
+    """(unit, texts, their sha256) of every unit not in `done` with the same texts; the
+    number of units the input has is appended to `seen` once it is read to its end."""
+    if n_units is not None:  # random access
+        batches = (ds[unit * docs_per_shard : (unit + 1) * docs_per_shard][TEXT_FIELD] for unit in range(n_units))
+    else:  # a stream: read it all
+        batches = (batch[TEXT_FIELD] for batch in ds.iter(batch_size=docs_per_shard))
+    count = 0
+    for unit, texts in enumerate(batches):
+        count = unit + 1
+        bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+        if bad is not None:  # a stream's record (a hub dataset is checked as it is read)
+            raise ConfigError(f"{key}: record {unit * docs_per_shard + bad}: '{TEXT_FIELD}' is "
+                              f"{'null' if texts[bad] is None else type(texts[bad]).__name__}, not a string")
+        digest = hashlib.sha256("\0".join(texts).encode("utf-8", "surrogatepass")).hexdigest()
+        if done.get(unit, "") != digest:
+            yield unit, texts, digest
+    seen.append(count)
 
 
 def pretokenize(
@@ -188,6 +242,7 @@ def pretokenize(
     num_proc: int = 1,
     docs_per_shard: int = DEFAULT_DOCS_PER_SHARD,
     progress: bool = True,
+    errors: str = "strict",
 ) -> Result:
     """Tokenize `input` (and `val_input`) into shards in `out`; see the module docstring."""
     if not 0 <= val_fraction < 1:
@@ -196,6 +251,7 @@ def pretokenize(
         raise ConfigError(f"--num-proc {num_proc}: must be >= 1")
     if docs_per_shard < 1:
         raise ConfigError(f"--docs-per-shard {docs_per_shard}: must be >= 1")
+    check_policy(errors)
     parse_source(input, "--input")  # one-line errors before anything is written
     if val_input is not None:
         parse_source(val_input, "--val-input")
@@ -204,48 +260,73 @@ def pretokenize(
     out = Path(out)
     inputs = {"input": input, "val_input": val_input}
     plan = {"inputs": inputs, "val_fraction": val_fraction, "docs_per_shard": docs_per_shard,
-            "tokenizer": info.to_json(), "dtype": dtype.name}
+            "tokenizer": info.to_json(), "dtype": dtype.name, "errors": errors}
     _check_out(out, plan)
-    if (out / META_FILE).is_file() and _complete(out, dtype):
-        meta = json.loads((out / META_FILE).read_text(encoding="utf-8"))
-        n = sum(len(m) for m in meta["units"].values())
-        return Result(meta, 0, n, 0, 0.0, num_proc)
+    text_errors = None if errors == "strict" else TextErrors(errors)
+    opened = {}
+    with _datasets_progress(progress):  # opened and checked before anything is written
+        for name, value in inputs.items():
+            if value is not None:
+                opened[name] = _open_input(value, "--" + name.replace("_", "-"), docs_per_shard, text_errors)
 
+    created = not out.exists()
     progress_dir = out / PROGRESS_DIR
+    if not _holds_units(out) and progress_dir.exists():
+        shutil.rmtree(progress_dir)  # an earlier call's plan and nothing else: replaced
     progress_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(progress_dir / PLAN_FILE, plan)
-    (out / META_FILE).unlink(missing_ok=True)  # not complete any more (a unit is redone)
+    (out / META_FILE).unlink(missing_ok=True)  # not complete until every unit is checked against its texts
+    try:
+        records, encoded, tokens, seconds = _encode_inputs(opened, out, dtype, tokenizer_dir, info, val_fraction,
+                                                           num_proc, docs_per_shard, progress)
+    except BaseException:
+        if not _holds_units(out):  # nothing a rerun could reuse: leave nothing behind
+            shutil.rmtree(out if created else progress_dir, ignore_errors=True)
+        raise
+    meta = _meta(plan, records)
+    if text_errors is not None:
+        meta["text_errors"] = text_errors.as_dict()
+    if not any(s["tokens"] for s in meta["splits"].values()):
+        if not _holds_units(out):
+            shutil.rmtree(out if created else progress_dir, ignore_errors=True)
+        raise ConfigError(f"--input: {input} holds no documents")
+    write_json_atomic(out / META_FILE, meta)
+    return Result(meta, encoded, len(records) - encoded, tokens, seconds, num_proc, text_errors)
+
+
+def _encode_inputs(opened: dict[str, tuple[Any, int | None]], out: Path, dtype, tokenizer_dir, info,
+                   val_fraction: float, num_proc: int, docs_per_shard: int, progress: bool):
+    """Every unit still to do of every opened input: (records, units encoded, tokens, seconds)."""
+    from tqdm import tqdm
 
     records = _load_records(out, dtype)
     start = time.perf_counter()
     encoded = tokens = 0
-    from tqdm import tqdm
-
-    for name, value in inputs.items():
-        if value is None:
-            continue
+    for name, (ds, n_units) in opened.items():
         tag = INPUT_TAGS[name]
-        done = {r["unit"] for r in records.values() if r["tag"] == tag}
-        key = "--" + name.replace("_", "-")
-        with _datasets_progress(progress):
-            ds, n_units = _open_input(value, key, docs_per_shard)
-        bar = tqdm(total=n_units, initial=len(done), unit="shard", desc=f"pretokenize {name}",
-                   disable=not progress)
-        for record in _run_units(_units(ds, n_units, docs_per_shard, done), tag, name == "val_input",
-                                 tokenizer_dir, info, out, val_fraction, num_proc):
-            write_json_atomic(progress_dir / f"{tag}{record['unit']:05d}.json", record)
+        done = {r["unit"]: r.get("texts_sha256") for r in records.values() if r["tag"] == tag}
+        bar = tqdm(total=n_units, unit="shard", desc=f"pretokenize {name}", disable=not progress)
+        seen: list[int] = []
+        units = _units(ds, n_units, docs_per_shard, done, "--" + name.replace("_", "-"), seen)
+        for record in _run_units(units, tag, name == "val_input", tokenizer_dir, info, out, val_fraction, num_proc):
+            write_json_atomic(out / PROGRESS_DIR / f"{tag}{record['unit']:05d}.json", record)
             records[(tag, record["unit"])] = record
             encoded += 1
             tokens += sum(s["tokens"] for s in record["splits"].values())
             bar.update(1)
             bar.set_postfix(tokens_per_s=f"{tokens / (time.perf_counter() - start):,.0f}")
         bar.close()
+        for key in [k for k in records if k[0] == tag and k[1] >= seen[0]]:  # an input that shrank
+            _drop_unit(out, records.pop(key))
+    return records, encoded, tokens, time.perf_counter() - start
 
-    meta = _meta(plan, records)
-    if not any(s["tokens"] for s in meta["splits"].values()):
-        raise ConfigError(f"--input: {input} holds no documents")
-    write_json_atomic(out / META_FILE, meta)
-    return Result(meta, encoded, len(records) - encoded, tokens, time.perf_counter() - start, num_proc)
+
+def _drop_unit(out: Path, record: dict[str, Any]) -> None:
+    """A unit the input no longer has: its shards and its progress record."""
+    for shard in record["splits"].values():
+        (out / shard["file"]).unlink(missing_ok=True)
+        (out / shard["file"]).with_suffix(".idx.npy").unlink(missing_ok=True)
+    (out / PROGRESS_DIR / f"{record['tag']}{record['unit']:05d}.json").unlink(missing_ok=True)
 
 
 def _run_units(units, tag: str, heldout: bool, tokenizer_dir, info, out: Path, val_fraction: float,
@@ -253,15 +334,15 @@ def _run_units(units, tag: str, heldout: bool, tokenizer_dir, info, out: Path, v
     init_args = (str(Path(tokenizer_dir) / TOKENIZER_FILE), info, str(out), val_fraction)
     if num_proc == 1:
         _init_worker(*init_args)
-        for unit, texts in units:
-            yield _encode_unit(tag, unit, texts, heldout)
+        for unit, texts, digest in units:
+            yield _encode_unit(tag, unit, texts, heldout, digest)
         return
     # fork: workers start in milliseconds (no re-import) and the parent never ran torch ops.
     # At most 2 units per worker in flight, so memory stays bounded on any input size.
     with multiprocessing.get_context("fork").Pool(num_proc, _init_worker, init_args) as pool:
         pending: deque = deque()
-        for unit, texts in units:
-            pending.append(pool.apply_async(_encode_unit, (tag, unit, texts, heldout)))
+        for unit, texts, digest in units:
+            pending.append(pool.apply_async(_encode_unit, (tag, unit, texts, heldout, digest)))
             while len(pending) >= 2 * num_proc:
                 yield pending.popleft().get()
         while pending:
@@ -280,12 +361,6 @@ def _load_records(out: Path, dtype: np.dtype) -> dict[tuple[str, int], dict[str,
         else:
             path.unlink()
     return records
-
-
-def _complete(out: Path, dtype: np.dtype) -> bool:
-    meta = json.loads((out / META_FILE).read_text(encoding="utf-8"))
-    records = _load_records(out, dtype)
-    return len(records) == sum(len(m) for m in meta["units"].values())
 
 
 def _meta(plan: dict[str, Any], records: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any]:

@@ -30,13 +30,44 @@ from gamma_titan.errors import ConfigError
 
 def _text_of(sample: dict[str, Any]) -> str:
     try:
-        return sample[TEXT_FIELD]
+        text = sample[TEXT_FIELD]
     except KeyError:
         # Only reachable for streamed hub data whose columns were unknown up front.
         raise ConfigError(
             f"dataset record has no '{TEXT_FIELD}' field (fields: {sorted(sample)}); "
             f"the '{HF}' dataset reads the '{TEXT_FIELD}' field"
         ) from None
+    if not isinstance(text, str):  # streamed hub data (local sources are checked before training)
+        raise ConfigError(f"a dataset record's '{TEXT_FIELD}' is {'null' if text is None else type(text).__name__}, "
+                          f"not a string; the '{HF}' dataset reads strings only")
+    return text
+
+
+#: Records of a streamed hub source that pre-flight reads.
+HUB_RECORDS_CHECKED = 8
+
+
+def check_hf_source(path: str, key: str) -> None:
+    """Open an "hf" source before training: a local one whole (every record's text a valid
+    UTF-8 string: text_sources.load_source), a hub stream by its first records; one-line
+    ConfigError naming `key` otherwise."""
+    import itertools
+
+    source = parse_source(path, key)
+    try:
+        ds = load_source(source, path, key)
+        first = list(itertools.islice(iter(ds), HUB_RECORDS_CHECKED)) if source.kind == "hub" else []
+    except ConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001  (the hub, the network, a format datasets rejects)
+        detail = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise ConfigError(f"{key}: '{path}': cannot read its first records ({type(err).__name__}: {detail})") from None
+    for i, record in enumerate(first):
+        text = record.get(TEXT_FIELD)
+        if not isinstance(text, str):
+            what = "no" if TEXT_FIELD not in record else "null" if text is None else f"a {type(text).__name__}"
+            raise ConfigError(f"{key}: '{path}': record {i} has {what} '{TEXT_FIELD}' (the '{HF}' dataset reads "
+                              "strings)")
 
 
 def _load_hf(path: str) -> Any:

@@ -145,8 +145,10 @@ def _arrow_cache_dir() -> str | None:
     return str(cache_dir() / "hf-datasets")
 
 
-def load_source(source: TextSource, value: str) -> Any:
-    """Open a parsed source as a `datasets.Dataset` (local) or `IterableDataset` (hub)."""
+def load_source(source: TextSource, value: str, key: str = "dataset_path") -> Any:
+    """Open a parsed source as a `datasets.Dataset` (local) or `IterableDataset` (hub). Local
+    text that is not clean (clean_text.py: undecodable bytes, a null or non-string text, a
+    line that is not JSON) is refused in one line naming `key`, the file and the line."""
     # Imported here: `datasets` takes seconds to import, and parsing a source needs none of it.
     from datasets import DatasetDict, load_dataset, load_from_disk
 
@@ -154,13 +156,16 @@ def load_source(source: TextSource, value: str) -> Any:
         # One record per paragraph for plain text: one per line would split sentences of
         # wrapped prose, one per file could be gigabytes.
         options = {"sample_by": "paragraph"} if source.builder == "text" else {}
-        ds = load_dataset(
-            source.builder,
-            data_files=list(source.files),
-            split="train",  # packaged builders put all data_files in "train"
-            cache_dir=_arrow_cache_dir(),
-            **options,
-        )
+        try:
+            ds = load_dataset(
+                source.builder,
+                data_files=list(source.files),
+                split="train",  # packaged builders put all data_files in "train"
+                cache_dir=_arrow_cache_dir(),
+                **options,
+            )
+        except Exception as err:  # noqa: BLE001  (datasets wraps what went wrong: find it ourselves)
+            raise _unclean(source, value, key, err) from None
     elif source.kind == "saved":
         ds = load_from_disk(source.location)
         if isinstance(ds, DatasetDict):
@@ -174,7 +179,56 @@ def load_source(source: TextSource, value: str) -> Any:
     else:
         # Streaming: nothing is downloaded up front, and TorchTitan checkpoints the stream.
         ds = load_dataset(source.location, name=source.config, split=source.split, streaming=True)
-    return _keep_text_column(ds, value)
+    ds = _keep_text_column(ds, value)
+    if source.kind != "hub":
+        _check_text_column(ds, source, value, key)
+    return ds
+
+
+def _unclean(source: TextSource, value: str, key: str, err: Exception | None = None) -> ConfigError:
+    """The one-line error for a local source strict mode refuses: the first bad record, or
+    (none found) what `datasets` said."""
+    from gamma_titan.data.clean_text import first_problem
+
+    if source.kind == "files":
+        problem = first_problem(source.files, source.builder)
+        if problem is not None:
+            hint = ("or pass --errors replace|skip" if key.startswith("--") else
+                    "or pretokenize it with `gamma-titan pretokenize --errors replace|skip` and train on the shards")
+            return ConfigError(f"{key}: {problem.describe()}; fix it, {hint}")
+    cause = err.__cause__ or err.__context__ or err if err is not None else None
+    detail = f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}" if cause else "unreadable"
+    return ConfigError(f"{key}: '{value}': {detail}")
+
+
+def _check_text_column(ds: Any, source: TextSource, value: str, key: str) -> None:
+    """Every record's text a valid UTF-8 string: the column's type, its nulls and its bytes."""
+    import pyarrow as pa
+
+    feature = ds.features[TEXT_FIELD]
+    dtype = getattr(feature, "dtype", None)
+    column = ds.data.column(TEXT_FIELD)
+    bad = None
+    if dtype not in ("string", "large_string"):
+        bad = f"the '{TEXT_FIELD}' column holds {dtype or type(feature).__name__}, not strings"
+    elif column.null_count:
+        bad = f"record {_first_null(column)}: '{TEXT_FIELD}' is null"
+    else:
+        try:
+            column.validate(full=True)
+        except pa.ArrowInvalid:
+            bad = "a record's text is not valid UTF-8"
+    if bad is None:
+        return
+    if source.kind == "files":
+        raise _unclean(source, value, key)
+    raise ConfigError(f"{key}: '{value}': {bad}; fix it (`datasets` map/filter) and save it again")
+
+
+def _first_null(column: Any) -> int:
+    import pyarrow.compute as pc
+
+    return pc.index(pc.is_null(column), True).as_py()
 
 
 def _keep_text_column(ds: Any, value: str) -> Any:

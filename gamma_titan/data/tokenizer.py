@@ -29,6 +29,7 @@ from gamma_titan.data.builtin_corpus import (
     read_texts,
 )
 from gamma_titan.data.cache import build_once, cache_dir
+from gamma_titan.data.clean_text import TextErrors, clean_texts
 from gamma_titan.data.text_sources import TEXT_FIELD, load_source, parse_source
 from gamma_titan.errors import ConfigError
 from gamma_titan.files import TOKENIZER_FILE
@@ -144,20 +145,37 @@ def ensure_builtin_tokenizer(vocab_size: int = DEFAULT_BUILTIN_VOCAB, force: boo
     return build_once(cache_dir() / "tokenizer" / name, build, force)
 
 
-def train_tokenizer_from(source: str, vocab_size: int, out_dir: str | Path, *, force: bool = False) -> Path:
+def train_tokenizer_from(source: str, vocab_size: int, out_dir: str | Path, *, force: bool = False,
+                         errors: TextErrors | None = None) -> Path:
     """`gamma-titan tokenizer train --input SOURCE`: a tokenizer trained on any text source
-    (text_sources.py: local jsonl/json/parquet/txt, save_to_disk folder, hub id)."""
+    (text_sources.py: local jsonl/json/parquet/txt, save_to_disk folder, hub id). Text that
+    is not clean is refused in one line; with `errors` (replace/skip, local files only) it is
+    cleaned as it is read, counted in `errors`."""
     if vocab_size < MIN_VOCAB_SIZE:
         raise ConfigError(f"--vocab-size {vocab_size}: must be an integer >= {MIN_VOCAB_SIZE}")
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())) and not force:
         raise ConfigError(f"--out: {out_dir} exists and is not empty; use another folder, "
                           "or --force to replace the tokenizer in it")
-    ds = load_source(parse_source(source, "--input"), source)
+    parsed = parse_source(source, "--input")
+    if errors is not None:
+        if parsed.kind != "files":
+            raise ConfigError(f"--input: --errors {errors.policy} reads local .txt/.jsonl/.json/.parquet files; "
+                              f"'{source}' is read strictly (leave --errors out)")
 
-    def batches() -> Iterable[list[str]]:
-        for batch in ds.iter(batch_size=1000):  # Dataset and IterableDataset alike
-            yield batch[TEXT_FIELD]
+        def batches() -> Iterable[list[str]]:
+            texts = list(clean_texts(parsed.files, parsed.builder, errors))
+            for i in range(0, len(texts), 1000):
+                yield texts[i : i + 1000]
+    else:
+        ds = load_source(parsed, source, "--input")
+
+        def batches() -> Iterable[list[str]]:
+            for batch in ds.iter(batch_size=1000):  # Dataset and IterableDataset alike
+                texts = batch[TEXT_FIELD]
+                if not all(isinstance(t, str) for t in texts):  # a streamed hub record
+                    raise ConfigError(f"--input: {source}: a record's '{TEXT_FIELD}' is not a string")
+                yield texts
 
     try:
         return train_bpe_tokenizer(batches(), vocab_size, out_dir)

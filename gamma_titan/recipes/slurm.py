@@ -76,7 +76,6 @@ def write_scripts(runs: list[PlannedRun], scale: Scale, out: Path, recipe: str) 
     scripts = {}
     for run in runs:
         path = folder / f"{run.name}.sbatch"
-        (out / run.name).mkdir(exist_ok=True)  # SLURM opens --output before the script runs
         path.write_text(sbatch_script(run, scale, (out / run.name).resolve(), recipe), encoding="utf-8")
         path.chmod(0o755)
         scripts[run.name] = path
@@ -94,6 +93,7 @@ def submit(scripts: dict[str, Path], sbatch: str) -> dict[str, str]:
     """sbatch each script; run name -> job id (or the error)."""
     jobs = {}
     for name, path in scripts.items():
+        (path.parent.parent / name).mkdir(exist_ok=True)  # SLURM opens --output before the script runs
         done = subprocess.run([sbatch, "--parsable", str(path)], capture_output=True, text=True)
         if done.returncode == 0:
             jobs[name] = done.stdout.strip().split(";")[0]

@@ -10,10 +10,11 @@
   trainer       GammaTrainer: TorchTitan's Trainer with the step guard, SIGTERM and live diagnostics
   checkpoint    GammaCheckpointManager: TorchTitan's, with the rules a multi-week run needs
   step_guard    the non-finite step guard and loss spikes ([gamma.reliability])
-  graceful_stop SIGTERM: finish the step, checkpoint it, exit 0 (or 143 after the grace period)
+  graceful_stop SIGTERM or Ctrl-C: finish the step, checkpoint it, exit 0 (or 143 after the grace period)
   checkpoint_folders  which checkpoints a folder holds and where they stood; keep-last-K over complete ones
   metrics       metrics.jsonl and TensorBoard: TorchTitan's logs plus diagnostics, MoE load, progress
   console       train.log in the run folder, colour only for a terminal, CPU noise, the last lines
   run_record    the resolved config, versions and command of each run
+  run_lock      one live run per dump folder: .run.lock (host, pid, start), stale locks ignored
   launch        torchrun and SLURM settings (shutdown timeout, stop grace)
 """

@@ -11,12 +11,16 @@
   * keep-last-K counts complete checkpoints only, and incomplete ones (a save killed
     midway) are reported when the manager starts;
   * the live diagnostics' warm state is saved with every checkpoint, and loaded back when
-    the checkpoint resumed from holds it (one written with diagnostics off does not).
+    the checkpoint resumed from holds it (one written with diagnostics off does not);
+  * a save that runs out of disk stops the run in one line (DiskFullError: the folder, the
+    bytes free and needed); its partial folder is removed, the complete ones stay.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 
 from torch.distributed.checkpoint import FileSystemReader
 from torchtitan.components.checkpoint import CheckpointManager
@@ -27,6 +31,31 @@ from gamma_titan.training.checkpoint_folders import checkpoint_steps, purge_keep
 from gamma_titan.training.step_guard import NonFiniteError, parameters_finite
 
 DIAGNOSTICS_STATE = "diagnostics"  # key of LiveDiagnostics in the checkpoint
+
+
+class DiskFullError(RuntimeError):
+    """A checkpoint save found no room: the run stops, the complete checkpoints intact."""
+
+
+def folder_bytes(path: str | os.PathLike) -> int:
+    return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
+
+
+def out_of_space(err: BaseException, folder: str, needed: int) -> bool:
+    """Whether a failed save ran out of disk: ENOSPC somewhere in its chain, or (torch's
+    zip writer says only "unexpected pos") less room left than a checkpoint takes."""
+    todo = [err]
+    while todo:  # the chain, and the per-rank failures DCP gathers into a CheckpointException
+        seen = todo.pop()
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        todo += [e for e in (seen.__cause__, seen.__context__) if e is not None]
+        for failure in getattr(seen, "failures", {}).values():  # {rank: (exception, traceback)}
+            todo += [e for e in (failure if isinstance(failure, tuple) else (failure,)) if isinstance(e, BaseException)]
+    try:
+        return shutil.disk_usage(folder).free < needed
+    except OSError:
+        return False
 
 
 class GammaCheckpointManager(CheckpointManager):
@@ -99,7 +128,12 @@ class GammaCheckpointManager(CheckpointManager):
         if not parameters_finite(self.model_parts, self.device):  # a collective: every rank asks
             raise NonFiniteError(f"step {curr_step}: parameters are not finite; not saving a checkpoint "
                                  "(the last one is intact)")
-        super().save(curr_step, last_step)
+        try:
+            super().save(curr_step, last_step)
+        except BaseException as err:  # DCP's CheckpointException is a BaseException; re-raised unless the disk is full
+            if not isinstance(err, (KeyboardInterrupt, SystemExit)):
+                self._raise_if_disk_full(err, curr_step)
+            raise
         if self.stopping:
             self._async_wait()  # the process exits next: an async write in flight must land first
             logger.info(f"SIGTERM: checkpointed step {curr_step}")
@@ -114,6 +148,21 @@ class GammaCheckpointManager(CheckpointManager):
                                self.model_record["tokenizer"], self.export_dtype)
                 if getattr(self.sd_adapter, "package_reason", None):
                     logger.info(f"Hugging Face save: GammaForCausalLM ({self.sd_adapter.package_reason})")
+
+    def _raise_if_disk_full(self, err: Exception, step: int) -> None:
+        complete, _ = checkpoint_steps(self.folder)
+        needed = folder_bytes(os.path.join(self.folder, step_folder(complete[-1]))) if complete else 0
+        if not out_of_space(err, self.folder, needed):
+            return
+        partial = os.path.join(self.folder, step_folder(step))
+        if not os.path.isfile(os.path.join(partial, ".metadata")):
+            shutil.rmtree(partial, ignore_errors=True)  # this save's own half-written files
+        free = shutil.disk_usage(self.folder).free
+        kept = f"{step_folder(complete[-1])} is the newest complete one" if complete else "none was complete"
+        raise DiskFullError(
+            f"checkpoint {step_folder(step)}: the disk is full ({self.folder}: {free:,} bytes free"
+            + (f", a checkpoint takes {needed:,}" if needed else "") + f"); {kept}, and stays loadable. Make room "
+            "and run the same command to resume") from None
 
     def _purge_stale_checkpoints(self) -> None:
         purge_keeping_complete(self)  # TorchTitan's own counts every step-N folder, complete or not

@@ -1,7 +1,9 @@
 """Which checkpoints a checkpoint folder holds, by what is on disk ([gamma.reliability]).
 
-A step-N folder counts only once its DCP `.metadata` is written (DCP writes it last). At
-start-up, incomplete folders are reported; keep-last-K counts and deletes only complete
+A step-N folder counts only once its DCP `.metadata` is written (DCP writes it last). A
+complete one whose data files were damaged afterwards (a file missing, or shorter than the
+bytes `.metadata` says it holds: `damage`) is passed over for the newest intact one
+(`newest_intact`). At start-up, incomplete folders are reported; keep-last-K counts and deletes only complete
 ones, so it never removes the only complete checkpoint (TorchTitan's own purge counts
 every step-N folder). Used by the CheckpointManager subclass (checkpoint.py), pre-flight
 and the tools, none of which needs a manager to ask.
@@ -32,6 +34,40 @@ def checkpoint_steps(folder: str | os.PathLike) -> tuple[list[int], list[int]]:
             continue
         (complete if (entry / ".metadata").is_file() else incomplete).append(int(match.group(1)))
     return sorted(complete), sorted(incomplete)
+
+
+def damage(step_path: str | os.PathLike) -> str | None:
+    """What is wrong with a complete checkpoint's files, or None: every file `.metadata`
+    names must exist and hold the bytes it says (offset + length of its last item)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    root = Path(step_path)
+    try:
+        storage = FileSystemReader(str(root)).read_metadata().storage_data
+    except Exception as err:  # noqa: BLE001  (a truncated .metadata: unpickling fails in many ways)
+        return f".metadata unreadable ({type(err).__name__})"
+    needed: dict[str, int] = {}
+    for info in (storage or {}).values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    for name, size in sorted(needed.items()):
+        path = root / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size < size:
+            return f"{name} holds {path.stat().st_size:,} of its {size:,} bytes"
+    return None
+
+
+def newest_intact(folder: str | os.PathLike) -> tuple[int | None, list[tuple[int, str]]]:
+    """(the newest complete step whose files are intact or None, [(newer damaged step, why)])."""
+    complete, _ = checkpoint_steps(folder)
+    damaged = []
+    for step in reversed(complete):
+        why = damage(Path(folder) / step_folder(step))
+        if why is None:
+            return step, damaged
+        damaged.append((step, why))
+    return None, damaged
 
 
 def is_hf_export(folder: Path) -> bool:

@@ -1,6 +1,7 @@
 """Graceful stop ([gamma.reliability] stop_grace_seconds): SIGTERM (what SLURM and
-torchrun send before a kill) makes every rank finish the step in progress, write a full
-checkpoint of it and exit 0. If that takes longer than the grace period, the process exits
+torchrun send before a kill), or SIGINT (Ctrl-C at a terminal), makes every rank finish
+the step in progress, write a full checkpoint of it and exit 0; a second Ctrl-C exits at
+once, the last complete checkpoint staying the one to resume from. If that takes longer than the grace period, the process exits
 with 143 and the last complete checkpoint stays the one to resume from."""
 
 from __future__ import annotations
@@ -18,28 +19,36 @@ class GracefulStop:
 
     EXIT_TIMEOUT = 128 + signal.SIGTERM
 
+    EXIT_INTERRUPTED = 128 + signal.SIGINT
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
     def __init__(self, grace_seconds: float):
         self.grace_seconds = grace_seconds
         self.requested = False
         self.done = threading.Event()
-        self._previous = None
+        self._previous: dict = {}
 
     def install(self) -> None:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._previous = {sig: signal.signal(sig, self._on_sigterm) for sig in self.SIGNALS}
 
     def uninstall(self) -> None:
         self.done.set()
-        if self._previous is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
+        if self._previous and threading.current_thread() is threading.main_thread():
+            for sig, previous in self._previous.items():
+                signal.signal(sig, previous)
+            self._previous = {}
 
     def _on_sigterm(self, signum, frame) -> None:
         if self.requested:
+            if signum == signal.SIGINT:  # Ctrl-C twice: now
+                logger.error("SIGINT again: exiting now without a new checkpoint")
+                os._exit(self.EXIT_INTERRUPTED)
             return
         self.requested = True
-        logger.warning(f"SIGTERM: finishing this step, checkpointing it and exiting "
-                       f"(at most {self.grace_seconds:g} s)")
+        logger.warning(f"{signal.Signals(signum).name}: finishing this step, checkpointing it and exiting "
+                       f"(at most {self.grace_seconds:g} s)" + ("; Ctrl-C again to exit now" if signum == signal.SIGINT
+                                                                 else ""))
         threading.Thread(target=self._watchdog, daemon=True).start()
 
     def _watchdog(self) -> None:

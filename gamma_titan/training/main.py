@@ -14,8 +14,10 @@ import sys
 
 from gamma_titan.config import load_job_config
 from gamma_titan.errors import ConfigError
-from gamma_titan.inspect_model import format_report, inspect_model, tokens_per_step, weight_decay_report
-from gamma_titan.training.preflight import launch_warnings, preflight, resume_notes, world_size_from_env
+from gamma_titan.inspect_model import format_report, inspect_model, knobs, knobs_line, tokens_per_step, \
+    weight_decay_report
+from gamma_titan.training.preflight import finished_run, launch_warnings, preflight, resume_notes, \
+    world_size_from_env
 
 #: Above this many parameters the startup summary skips the measured part (it draws
 #: every weight once more on the CPU); `gamma-titan inspect` always measures.
@@ -100,6 +102,11 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    done = finished_run(config)
+    if done is not None:  # every rank sees the same folder: none starts
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(done)
+        return
     train(config, spec, args)
 
 
@@ -117,11 +124,31 @@ def train(config, spec, args) -> None:
     init_logger()
     rank = int(os.environ.get("RANK", "0"))
     log_file = console.set_up(config, device_type, rank)
+    # TorchTitan's "Starting job:" line prints the description: the knobs as resolved, not as the config says
+    described = config.job.description
+    config.job.description = f"{config.model.name} {config.model.flavor}: {knobs_line(knobs(args))}" + (
+        f" (config: {described!r})" if described else "")
+    lock = None
+    if rank == 0:  # one live run per dump folder (run_lock.py)
+        from gamma_titan.training.run_lock import RunLock
+
+        try:
+            lock = RunLock(config.job.dump_folder).acquire()
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
     if rank == 0:
+        from gamma_titan.data.reads import reads_lines, what_it_reads
+        from gamma_titan.training.preflight import data_parallel_degree, global_batch_size
         from gamma_titan.training.run_record import write_run_record
 
-        record = write_run_record(config, world_size_from_env())
+        world = world_size_from_env()
+        reads = what_it_reads(config, args.vocab_size,
+                              global_batch_size(config.training, data_parallel_degree(config, world)))
+        record = write_run_record(config, world, reads=reads)
         logger.info(f"log: {log_file}; run record (resolved config, versions, command): {record}")
+        for line in reads_lines(reads):
+            logger.info(line)
         summary = startup_summary(spec, args, config, device_type)
         logger.info("gamma-titan model at init:\n" + summary)
         for line in summary.splitlines():  # the math attention kernel, an ε-dominated norm
@@ -134,12 +161,21 @@ def train(config, spec, args) -> None:
             logger.warning(note)
     from gamma_titan.training.step_guard import NonFiniteError
 
+    from gamma_titan.training.checkpoint import DiskFullError
+
     try:
         run(config)
     except NonFiniteError as e:  # [gamma.reliability]: the run stops, naming the step
         logger.error(str(e))
         print(f"error: {e}", file=sys.stderr)
         sys.exit(3)
+    except DiskFullError as e:  # a save that found no room: the complete checkpoints stay
+        logger.error(str(e))
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(4)
+    finally:
+        if lock is not None:
+            lock.release()
     if rank == 0:
         for line in console.ending(config, os.environ.get(LAUNCH_COMMAND_ENV)):
             logger.info(line)

@@ -212,10 +212,10 @@ def launch_warnings(config, args, world_size: int, local_world_size: int) -> lis
 
 
 def check_data(config, args, world_size: int = 1) -> None:
-    """Dataset names and paths (shard datasets: opened, so every shard is checked), and a
-    tokenizer whose vocabulary fits the model."""
-    from gamma_titan.data.names import is_shard_dataset
-    from gamma_titan.data.registry import check_dataset
+    """Dataset names and paths (shard datasets: opened, so every shard is checked; "hf"
+    sources: opened and their text checked), and a tokenizer whose vocabulary fits the model."""
+    from gamma_titan.data.names import HF, is_shard_dataset
+    from gamma_titan.data.registry import check_dataset, check_hf_source
     from gamma_titan.data.shard_sources import open_samples
     from gamma_titan.data.tokenizer import resolve_tokenizer_path, tokenizer_vocab_size
 
@@ -233,6 +233,10 @@ def check_data(config, args, world_size: int = 1) -> None:
     for section, _, _ in sections:  # every name and path first: opening shards may build the cache
         cfg = getattr(config, section)
         check_dataset(cfg.dataset, cfg.dataset_path, section)
+    for section, _, _ in sections:  # an "hf" source opened and its text checked before any run folder
+        cfg = getattr(config, section)
+        if cfg.dataset.lower() == HF:
+            check_hf_source(cfg.dataset_path, f"{section}.dataset_path")
     for section, seq_len, batch in sections:
         cfg = getattr(config, section)
         if not is_shard_dataset(cfg.dataset):
@@ -296,6 +300,7 @@ def check_resume(config, args, world_size: int) -> None:
     folder = Path(config.job.dump_folder) / ckpt.folder
     if not ckpt.enable or not folder.is_dir():
         return
+    skip_damaged(config, folder)
     complete, _ = checkpoint_steps(folder)
     step = ckpt.load_step if ckpt.load_step != -1 else (complete[-1] if complete else -1)
     if step <= 0 or step not in complete:  # none yet, step-0 (a seed: model only), or TorchTitan's own error
@@ -325,6 +330,33 @@ def data_parallel_degree(config, world_size: int) -> int:
     """Ranks a global batch is split over (TorchTitan's batch mesh): all but TP, CP and PP."""
     p = config.parallelism
     return max(1, world_size // (p.tensor_parallel_degree * p.context_parallel_degree * p.pipeline_parallel_degree))
+
+
+def damaged_fallback(folder: Path) -> tuple[int | None, str | None]:
+    """(the step to resume from instead, the line that says why) when the newest complete
+    checkpoint's files were damaged after its save (a file missing or cut short); (None,
+    None) when it is intact. A ConfigError if no checkpoint is intact."""
+    from gamma_titan.files import step_folder
+    from gamma_titan.training.checkpoint_folders import newest_intact
+
+    step, damaged = newest_intact(folder)
+    if not damaged:
+        return None, None
+    what = "; ".join(f"{step_folder(s)}: {why}" for s, why in damaged)
+    if step is None:
+        raise ConfigError(f"checkpoint: every complete checkpoint in {folder} is damaged ({what}); restore one, or "
+                          "move them aside to start from step 1")
+    return step, (f"checkpoint {folder / step_folder(damaged[0][0])} is damaged ({what}): resuming from "
+                  f"{step_folder(step)}, the newest intact one (the damaged folder is left as it is)")
+
+
+def skip_damaged(config, folder: Path) -> None:
+    """Resume from the newest intact checkpoint (checkpoint.load_step) when the newest is
+    damaged; resume_notes says so at start. Nothing when load_step is chosen."""
+    if config.checkpoint.load_step == -1:
+        step, _ = damaged_fallback(folder)
+        if step is not None:
+            config.checkpoint.load_step = step
 
 
 def check_resume_layout(config, world_size: int, step_path, saved: dict) -> None:
@@ -364,6 +396,9 @@ def resume_notes(config, world_size: int) -> list[str]:
         return []
     saved = saved_progress(folder / step_folder(step))
     notes, dp = [], data_parallel_degree(config, world_size)
+    fallback_step, fallback = damaged_fallback(folder)
+    if fallback is not None and fallback_step == step:  # pre-flight chose it (skip_damaged)
+        notes.append(fallback)
     position, name = saved["position"], step_folder(step)
     if position is not None and saved["data_parallel_degree"] != dp:
         notes.append(f"resuming {name} at data-parallel degree {dp} (saved at {saved['data_parallel_degree']}): the "
@@ -376,7 +411,43 @@ def resume_notes(config, world_size: int) -> list[str]:
     if "dataloader" in ckpt.exclude_from_loading:
         notes.append(f"resuming {step_folder(step)} with checkpoint.exclude_from_loading = dataloader: the data "
                      "starts again from its first sequence")
+    previous = previous_steps(Path(config.job.dump_folder))
+    sched = config.lr_scheduler
+    if previous is not None and previous != config.training.steps and sched.total_steps is None \
+            and sched.min_lr_factor < 1 and sched.decay_ratio != 0:  # a decay that spans training.steps
+        notes.append(f"resuming {name} with training.steps {config.training.steps} (the last run had {previous}): the "
+                     f"{sched.decay_type} decay of the learning rate now ends at step {config.training.steps}, not "
+                     f"{previous}, so steps {step + 1}+ follow a re-spanned schedule (set lr_scheduler.total_steps "
+                     "to keep one schedule across extensions)")
     return notes
+
+
+def previous_steps(dump_folder: Path) -> int | None:
+    """training.steps of the newest run record in `dump_folder` (run_record.py), if any."""
+    import tomllib
+
+    from gamma_titan.training.run_record import RUNS_FOLDER
+
+    records = sorted((dump_folder / RUNS_FOLDER).glob("*/config.toml"))
+    if not records:
+        return None
+    return tomllib.loads(records[-1].read_text(encoding="utf-8")).get("training", {}).get("steps")
+
+
+def finished_run(config) -> str | None:
+    """The line for a rerun with nothing to do: its newest complete checkpoint is at (or
+    past) training.steps. None otherwise (no checkpoint, or load_step chosen)."""
+    from gamma_titan.training.checkpoint_folders import checkpoint_steps
+
+    ckpt = config.checkpoint
+    folder = Path(config.job.dump_folder) / ckpt.folder
+    if not ckpt.enable or ckpt.load_step != -1 or not folder.is_dir():
+        return None
+    complete, _ = checkpoint_steps(folder)
+    if not complete or complete[-1] < config.training.steps:
+        return None
+    return (f"nothing to do: step {complete[-1]} of {config.training.steps} is done ({folder}); raise "
+            "--training.steps to extend")
 
 
 def preflight(config, world_size: int | None = None, local_world_size: int | None = None):

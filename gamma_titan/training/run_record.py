@@ -10,8 +10,9 @@ and never touches an earlier one (a resumed run adds a folder):
                 run.json's `cwd`, as it was for the run
   run.json      the command line (the worker's, and `gamma-titan train`'s when launched
                 through it), start time, working directory, host, world size, Python and
-                package versions, and the project's git commit (plus whether the tree had
-                local changes)
+                package versions, the project's git commit (plus whether the tree had
+                local changes), and what the run reads (`reads`: each source's weight,
+                tokens and epochs in this run, the tokenizer; gamma_titan/data/reads.py)
 """
 
 from __future__ import annotations
@@ -71,9 +72,9 @@ def git_state(folder: Path = REPO) -> dict | None:
         return None
 
 
-def write_run_record(job_config, world_size: int, argv: list[str] | None = None) -> Path:
+def write_run_record(job_config, world_size: int, argv: list[str] | None = None, reads: dict | None = None) -> Path:
     """Write this launch's record into a new folder under `<dump_folder>/runs/`; `argv`
-    defaults to this process's command line."""
+    defaults to this process's command line; `reads`: what the run reads (data/reads.py)."""
     now = datetime.datetime.now(datetime.timezone.utc)
     runs = Path(job_config.job.dump_folder) / RUNS_FOLDER
     runs.mkdir(parents=True, exist_ok=True)
@@ -97,5 +98,6 @@ def write_run_record(job_config, world_size: int, argv: list[str] | None = None)
         "world_size": world_size,
         "packages": package_versions(),
         "git": git_state(),
+        "reads": reads,
     })
     return folder

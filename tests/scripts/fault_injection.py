@@ -12,8 +12,12 @@ tests/helpers.py), and these environment variables say what to break:
   GAMMA_TITAN_TEST_SAVE_DELAY=40            every checkpoint write waits this many seconds
                                             before its .metadata (a multi-GB save on a shared
                                             file system)
+  GAMMA_TITAN_TEST_DISK_FULL_AT_STEP=4      this step's checkpoint write fails as a full disk
+                                            does (OSError ENOSPC), after its data files and
+                                            before its .metadata
 """
 
+import errno
 import os
 import signal
 import time
@@ -35,6 +39,7 @@ SPIKE_AT = _steps("GAMMA_TITAN_TEST_SPIKE_AT_STEPS")
 KILL_AT = _steps("GAMMA_TITAN_TEST_KILL_AT_STEP")
 KILL_IN_SAVE_AT = _steps("GAMMA_TITAN_TEST_KILL_IN_SAVE_AT_STEP")
 SAVE_DELAY = float(os.environ.get("GAMMA_TITAN_TEST_SAVE_DELAY", "0"))
+DISK_FULL_AT = _steps("GAMMA_TITAN_TEST_DISK_FULL_AT_STEP")
 current_step = [0]
 
 _train_step = GammaTrainer.train_step
@@ -66,6 +71,8 @@ def finish(writer, metadata, results):
     if SAVE_DELAY:
         print(f"fault_injection: waiting {SAVE_DELAY:g} s before .metadata", flush=True)
         time.sleep(SAVE_DELAY)
+    if current_step[0] in DISK_FULL_AT:
+        raise OSError(errno.ENOSPC, "No space left on device (fault_injection)")
     if current_step[0] in KILL_IN_SAVE_AT and dist.get_rank() == 0:
         logger.warning(f"step {current_step[0]}: killing rank 0 inside the checkpoint write (fault_injection)")
         os.kill(os.getpid(), signal.SIGKILL)
