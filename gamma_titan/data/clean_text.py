@@ -72,7 +72,8 @@ class TextErrors:
     def summary(self) -> str:
         skipped = sum(self.docs_skipped.values())
         reasons = ", ".join(f"{n} {why}" for why, n in sorted(self.docs_skipped.items()))
-        line = f"--errors {self.policy}: {self.docs_replaced} docs with {self.bytes_replaced} undecodable bytes replaced"
+        line = (f"--errors {self.policy}: {self.docs_replaced} docs with {self.bytes_replaced} undecodable bytes "
+                "replaced")
         return line + f"; {skipped} docs skipped" + (f" ({reasons})" if reasons else "")
 
 
@@ -127,15 +128,19 @@ def _json_record(path: str, where: str, obj: Any) -> Record:
     if value is None:
         return Record(path, where, None, f"'{TEXT_FIELD}' is null")
     if not isinstance(value, str):
-        return Record(path, where, None, f"'{TEXT_FIELD}' is not a string ({type(value).__name__} {json.dumps(value)[:40]})")
+        shown = f"{type(value).__name__} {json.dumps(value)[:40]}"
+        return Record(path, where, None, f"'{TEXT_FIELD}' is not a string ({shown})")
     bad = len(_SURROGATE.findall(value))
     return Record(path, where, value, bad_bytes=bad)
 
 
 def _json_records(path: str) -> Iterator[Record]:
-    raw = Path(path).read_bytes()
-    if raw.lstrip()[:1] == b"[":  # one JSON array
-        text, bad, first = _decode(raw, 0)
+    """One record per line (read line by line: files of any size), or one per item of a
+    file that is a single JSON array."""
+    with open(path, "rb") as f:
+        is_array = f.read(4096).lstrip()[:1] == b"["
+    if is_array:
+        text, bad, first = _decode(Path(path).read_bytes(), 0)
         if bad:
             yield Record(path, "the array", None, f"{bad} byte(s) not UTF-8, the first at byte offset {first}")
             return
@@ -148,20 +153,22 @@ def _json_records(path: str) -> Iterator[Record]:
             yield _json_record(path, f"record {i}", obj)
         return
     offset = 0
-    for line_no, chunk in enumerate(raw.splitlines(keepends=True), 1):
-        start, offset = offset, offset + len(chunk)
-        if not chunk.strip():
-            continue
-        text, bad, first = _decode(chunk, start)
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as err:
-            yield Record(path, f"line {line_no}", None, f"not JSON ({err.msg.removesuffix(' at')} at column {err.colno})")
-            continue
-        record = _json_record(path, f"line {line_no}", obj)
-        if bad and record.text is not None:  # invalid bytes inside the string: offset of the first
-            record = Record(path, record.where, record.text, bad_bytes=bad, first_bad_offset=first)
-        yield record
+    with open(path, "rb") as f:
+        for line_no, chunk in enumerate(f, 1):
+            start, offset = offset, offset + len(chunk)
+            if not chunk.strip():
+                continue
+            text, bad, first = _decode(chunk, start)
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as err:
+                why = f"not JSON ({err.msg.removesuffix(' at')} at column {err.colno})"
+                yield Record(path, f"line {line_no}", None, why)
+                continue
+            record = _json_record(path, f"line {line_no}", obj)
+            if bad and record.text is not None:  # invalid bytes inside the string: offset of the first
+                record = Record(path, record.where, record.text, bad_bytes=bad, first_bad_offset=first)
+            yield record
 
 
 def _parquet_records(path: str) -> Iterator[Record]:

@@ -5,11 +5,11 @@ worker process and written as one shard per split (its held-out documents, chose
 of their text, go to the validation split), then recorded in `.progress/`. A rerun skips
 every recorded unit whose files are intact and whose texts are the same (a record keeps
 their sha256), so an interrupted run resumes where it stopped, an edited input redoes the
-units it changed, and a finished run reads its input again and writes no shard; meta.json, written last, marks the folder
-complete. The unit layout does not depend on the number of processes, so neither does the
-output. The inputs are opened, and strictly checked, before anything is written; a call that
-fails before any unit is done leaves nothing behind (a folder holding only a plan is
-replaced by the next call, whatever its settings).
+units it changed, and a finished run reads its input again and writes no shard; meta.json,
+written last, marks the folder complete. The unit layout does not depend on the number of
+processes, so neither does the output. The inputs are opened, and strictly checked, before
+anything is written; a call that fails before any unit is done leaves nothing behind (a
+folder holding only a plan is replaced by the next call, whatever its settings).
 
 Text that is not clean (clean_text.py) is refused in one line, or with `errors` "replace" /
 "skip" cleaned while it is read (local files only), the counts in the summary and meta.json.
@@ -213,8 +213,9 @@ def _datasets_progress(enabled: bool) -> Iterator[None]:
 
 def _units(ds, n_units: int | None, docs_per_shard: int, done: dict[int, str | None], key: str,
            seen: list[int]) -> Iterator[tuple[int, list[str], str]]:
-    """(unit, texts, their sha256) of every unit not in `done` with the same texts; the
-    number of units the input has is appended to `seen` once it is read to its end."""
+    """(unit, texts, their sha256) of every unit not in `done` with the same texts (a record
+    written before the hashes were kept counts as the same); the number of units the input
+    has is appended to `seen` once it is read to its end."""
     if n_units is not None:  # random access
         batches = (ds[unit * docs_per_shard : (unit + 1) * docs_per_shard][TEXT_FIELD] for unit in range(n_units))
     else:  # a stream: read it all
@@ -227,7 +228,7 @@ def _units(ds, n_units: int | None, docs_per_shard: int, done: dict[int, str | N
             raise ConfigError(f"{key}: record {unit * docs_per_shard + bad}: '{TEXT_FIELD}' is "
                               f"{'null' if texts[bad] is None else type(texts[bad]).__name__}, not a string")
         digest = hashlib.sha256("\0".join(texts).encode("utf-8", "surrogatepass")).hexdigest()
-        if done.get(unit, "") != digest:
+        if unit not in done or done[unit] not in (None, digest):  # None: recorded before hashes were kept
             yield unit, texts, digest
     seen.append(count)
 

@@ -164,9 +164,14 @@ def train_tokenizer_from(source: str, vocab_size: int, out_dir: str | Path, *, f
                               f"'{source}' is read strictly (leave --errors out)")
 
         def batches() -> Iterable[list[str]]:
-            texts = list(clean_texts(parsed.files, parsed.builder, errors))
-            for i in range(0, len(texts), 1000):
-                yield texts[i : i + 1000]
+            batch: list[str] = []
+            for text in clean_texts(parsed.files, parsed.builder, errors):  # read as trained on, not held
+                batch.append(text)
+                if len(batch) == 1000:
+                    yield batch
+                    batch = []
+            if batch:
+                yield batch
     else:
         ds = load_source(parsed, source, "--input")
 

@@ -1,8 +1,9 @@
-"""Graceful stop ([gamma.reliability] stop_grace_seconds): SIGTERM (what SLURM and
-torchrun send before a kill), or SIGINT (Ctrl-C at a terminal), makes every rank finish
-the step in progress, write a full checkpoint of it and exit 0; a second Ctrl-C exits at
-once, the last complete checkpoint staying the one to resume from. If that takes longer than the grace period, the process exits
-with 143 and the last complete checkpoint stays the one to resume from."""
+"""Graceful stop ([gamma.reliability] stop_grace_seconds): SIGTERM (what SLURM and torchrun
+send before a kill), or SIGINT (Ctrl-C at a terminal), makes every rank finish the step in
+progress, write a full checkpoint of it and exit 0; a second Ctrl-C exits at once, the last
+complete checkpoint staying the one to resume from. If that takes longer than the grace
+period, the process exits with 143 and the last complete checkpoint stays the one to resume
+from."""
 
 from __future__ import annotations
 

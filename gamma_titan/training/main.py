@@ -110,60 +110,65 @@ def main(argv: list[str] | None = None) -> None:
     train(config, spec, args)
 
 
+def start_up_lines(config, spec, args, log_file) -> None:
+    """Rank 0, before training: the run record, what the run reads, the model at init, and
+    the warnings and notes of this launch."""
+    from torchtitan.tools.logging import logger
+    from torchtitan.tools.utils import device_type
+
+    from gamma_titan.data.reads import reads_lines, what_it_reads
+    from gamma_titan.training.preflight import data_parallel_degree, global_batch_size
+    from gamma_titan.training.run_record import write_run_record
+
+    world = world_size_from_env()
+    batch = global_batch_size(config.training, data_parallel_degree(config, world))
+    reads = what_it_reads(config, args.vocab_size, batch)
+    record = write_run_record(config, world, reads=reads)
+    logger.info(f"log: {log_file}; run record (resolved config, versions, command): {record}")
+    for line in reads_lines(reads):
+        logger.info(line)
+    summary = startup_summary(spec, args, config, device_type)
+    logger.info("gamma-titan model at init:\n" + summary)
+    for line in summary.splitlines():  # the math attention kernel, an ε-dominated norm
+        if line.startswith("WARNING: "):
+            logger.warning(line.removeprefix("WARNING: "))
+    for warning in launch_warnings(config, args, world, int(os.environ.get("LOCAL_WORLD_SIZE", world))):
+        logger.warning(warning.removeprefix("warning: "))  # a grace period that cannot cover the save
+    for note in resume_notes(config, world):  # another degree or global batch, data started over, a damaged one
+        logger.warning(note)
+
+
 def train(config, spec, args) -> None:
     """Train a config that pre-flight has passed (`spec`, `args`: what it returned), in this
     process: one rank of torchrun's world, or a world of one (`gamma-titan train --nproc 1`
-    calls this directly). Exits 3 when the step guard stops the run."""
+    calls this directly). Exits 2 when a live run holds the dump folder, 3 when the step
+    guard stops the run, 4 when a checkpoint save finds the disk full."""
     from torchtitan.tools.logging import init_logger, logger
     from torchtitan.tools.utils import device_type
 
     from gamma_titan.training import console
+    from gamma_titan.training.checkpoint import DiskFullError
+    from gamma_titan.training.run_lock import RunLock
     from gamma_titan.training.run_record import LAUNCH_COMMAND_ENV
+    from gamma_titan.training.step_guard import NonFiniteError
 
     single_process_env()
     init_logger()
     rank = int(os.environ.get("RANK", "0"))
+    try:  # one live run per dump folder (run_lock.py), held by rank 0; before its log is touched
+        lock = RunLock(config.job.dump_folder).acquire() if rank == 0 else None
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     log_file = console.set_up(config, device_type, rank)
-    # TorchTitan's "Starting job:" line prints the description: the knobs as resolved, not as the config says
-    described = config.job.description
-    config.job.description = f"{config.model.name} {config.model.flavor}: {knobs_line(knobs(args))}" + (
-        f" (config: {described!r})" if described else "")
-    lock = None
-    if rank == 0:  # one live run per dump folder (run_lock.py)
-        from gamma_titan.training.run_lock import RunLock
-
-        try:
-            lock = RunLock(config.job.dump_folder).acquire()
-        except ConfigError as e:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
-    if rank == 0:
-        from gamma_titan.data.reads import reads_lines, what_it_reads
-        from gamma_titan.training.preflight import data_parallel_degree, global_batch_size
-        from gamma_titan.training.run_record import write_run_record
-
-        world = world_size_from_env()
-        reads = what_it_reads(config, args.vocab_size,
-                              global_batch_size(config.training, data_parallel_degree(config, world)))
-        record = write_run_record(config, world, reads=reads)
-        logger.info(f"log: {log_file}; run record (resolved config, versions, command): {record}")
-        for line in reads_lines(reads):
-            logger.info(line)
-        summary = startup_summary(spec, args, config, device_type)
-        logger.info("gamma-titan model at init:\n" + summary)
-        for line in summary.splitlines():  # the math attention kernel, an ε-dominated norm
-            if line.startswith("WARNING: "):
-                logger.warning(line.removeprefix("WARNING: "))
-        world = world_size_from_env()
-        for warning in launch_warnings(config, args, world, int(os.environ.get("LOCAL_WORLD_SIZE", world))):
-            logger.warning(warning.removeprefix("warning: "))  # a grace period that cannot cover the save
-        for note in resume_notes(config, world):  # another degree or global batch, data started over
-            logger.warning(note)
-    from gamma_titan.training.step_guard import NonFiniteError
-
-    from gamma_titan.training.checkpoint import DiskFullError
-
     try:
+        if rank == 0:
+            start_up_lines(config, spec, args, log_file)
+        # TorchTitan's "Starting job:" line prints the description: the knobs as resolved, not as the
+        # config says (set after the run record, which keeps the config's own)
+        described = config.job.description
+        config.job.description = f"{config.model.name} {config.model.flavor}: {knobs_line(knobs(args))}" + (
+            f" (config: {described!r})" if described else "")
         run(config)
     except NonFiniteError as e:  # [gamma.reliability]: the run stops, naming the step
         logger.error(str(e))
