@@ -127,17 +127,18 @@ MAY_IMPORT = {
     "files": set(),
     "progress": set(),
     "init": {"errors"},
+    "grid_search": {"errors"},
     "data": {"errors", "files"},
     "models": {"errors", "files", "init"},
     "diagnostics": {"data", "errors", "files", "init"},
     "config": {"data", "errors", "files", "init", "models"},
     "convert": {"data", "errors", "files", "init", "models"},
-    "reports": {"convert", "data", "diagnostics", "errors", "files", "init", "models"},
+    "reports": {"convert", "data", "diagnostics", "errors", "files", "grid_search", "init", "models"},
     "training": {"config", "convert", "data", "diagnostics", "errors", "files", "init", "inspect_model", "models",
                  "progress"},
     "inspect_model": {"diagnostics", "errors", "init", "models", "training"},
-    "recipes": {"config", "data", "diagnostics", "errors", "files", "init", "models", "progress", "reports",
-                "training"},
+    "recipes": {"config", "data", "diagnostics", "errors", "files", "grid_search", "init", "models", "progress",
+                "reports", "training"},
 }
 
 

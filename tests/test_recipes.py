@@ -48,8 +48,13 @@ PAPER_TOKENS = {"gamma_sweep": 36e9, "eps_ablation": 36e9, "gate_ablation": 36e9
 LIFT_EPOCHS = 1e9
 
 
+#: Recipes with a [tune] search: planned round by round (tests/test_ladder.py).
+TUNED = ["lr_ladder"]
+
+
 def test_every_recipe_is_covered():
-    assert sorted(EXPECTED) == available()
+    assert sorted([*EXPECTED, *TUNED]) == available()
+    assert [name for name in available() if load_recipe(name).tunes] == TUNED
 
 
 @pytest.mark.parametrize("scale", ["tiny", "gpu", "paper"])
@@ -254,7 +259,7 @@ def test_slurm_without_sbatch_fails_before_writing(builtin_assets, tmp_path, mon
 
 def test_the_readmes_dry_run_commands_run(builtin_assets, tmp_path, capsys, monkeypatch):
     """Every `gamma-titan recipe run ... --dry-run` line of the README, as written (with an
-    --out of its own), plans and exits 0. The --out is relative: it resolves against the
+    --out of its own), plans and exits 0; with SLURM it writes the scripts, locally nothing. The --out is relative: it resolves against the
     current directory, and the sbatch scripts name the runs' folders by absolute path (a
     SLURM job starts elsewhere)."""
     from gamma_titan.cli import main
@@ -269,6 +274,9 @@ def test_the_readmes_dry_run_commands_run(builtin_assets, tmp_path, capsys, monk
         with pytest.raises(SystemExit) as exit_:
             main([*argv[1:], "--out", f"out-{i}"])
         assert exit_.value.code == 0, (argv, capsys.readouterr().err)
+        if "slurm" not in argv:  # a local dry run prints the plan and writes nothing
+            assert not (tmp_path / f"out-{i}").exists(), argv
+            continue
         assert (tmp_path / f"out-{i}" / RECIPE_PLAN_FILE).is_file()
         scripts = list((tmp_path / f"out-{i}" / "slurm").glob("*.sbatch"))
         assert scripts

@@ -38,6 +38,12 @@ NORM_EPS = "gamma.norm_eps"
 #: keeps its configs' frequencies).
 MEASUREMENTS = {"tiny": 4, "gpu": 10}
 EMBEDDINGS = ("tok_embeddings.weight", "output.weight")
+#: A tiny-scale run's seconds on the CI machine (2 cores, one run at a time), fitted to the
+#: runs of `lr_ladder --scale tiny` (README, Recipes): start-up + steps × a per-step cost +
+#: training FLOPs at a sustained rate. Only the plan's estimate reads them.
+CPU_RUN_SECONDS = 15.0
+CPU_STEP_SECONDS = 0.06
+CPU_FLOPS = 2.0e11
 
 
 @dataclass
@@ -54,6 +60,7 @@ class PlannedRun:
     gpus_per_node: int
     params: int
     params_non_embedding: int
+    width: int  # d, the residual stream's width
     active_params: int | None  # MoE: matmul weights one token passes through
     seq_len: int
     global_batch: int
@@ -64,6 +71,7 @@ class PlannedRun:
     norm_eps: float
     hidden_var: float  # σ²(h) = d^(−2γ) at init
     gpu_hours: float
+    cpu_hours: float  # on the CI machine (CPU_*): the tiny scale's estimate
     stop_grace_seconds: float  # between SIGTERM and exit: the step in progress and a full save (launch.py)
 
     @property
@@ -148,10 +156,11 @@ def plan_run(recipe: Recipe, scale_name: str, run: Run, extra: dict[str, Any] | 
     active = args.active_params()
     return PlannedRun(name=run.name, config=str(model.config), overrides=overrides, values=run.values, arm=run.arm,
                       cell=run.cell, seed=run.seed, model_label=model.label, nodes=model.nodes, gpus_per_node=model.gpus_per_node, params=params,
-                      params_non_embedding=non_embedding, active_params=active, seq_len=t.seq_len,
+                      params_non_embedding=non_embedding, width=args.model_width(), active_params=active,
+                      seq_len=t.seq_len,
                       global_batch=global_batch, steps=0, tokens=0, corpus_tokens=corpus,
                       flops_per_token=args.flops_per_token(t.seq_len), norm_eps=args.norm_eps,
-                      hidden_var=args.hidden_var_at_init(), gpu_hours=0.0,
+                      hidden_var=args.hidden_var_at_init(), gpu_hours=0.0, cpu_hours=0.0,
                       stop_grace_seconds=config.gamma.reliability.stop_grace_seconds)
 
 
@@ -159,6 +168,7 @@ def finish(run: PlannedRun, scale: Scale, steps: int) -> None:
     run.steps = steps
     run.tokens = steps * run.global_batch * run.seq_len
     run.gpu_hours = run.flops_per_token * run.tokens / (scale.gpu_peak_tflops * 1e12 * scale.assumed_mfu) / 3600
+    run.cpu_hours = (CPU_RUN_SECONDS + steps * CPU_STEP_SECONDS + run.flops_per_token * run.tokens / CPU_FLOPS) / 3600
     run.overrides["training.steps"] = steps
     configured = run.stop_grace_seconds
     step_seconds = run.gpu_hours * 3600 / run.world_size / steps
@@ -172,11 +182,14 @@ def finish(run: PlannedRun, scale: Scale, steps: int) -> None:
 
 def plan(recipe: Recipe, scale_name: str, extra: dict[str, Any] | None = None,
          steps_override: int | None = None, seeds: list[int] | None = None,
-         allow_epochs: float | None = None) -> list[PlannedRun]:
-    """Every run of the recipe at this scale, checked, with its steps. The runs of one model
-    share one step count (the largest any of them needs), so arms and grid points that
-    add parameters (the gate) still see the same data. `steps_override` replaces the
-    budget (a smoke run), `seeds` the scale's seeds, `allow_epochs` its epoch limit."""
+         allow_epochs: float | None = None, runs: list[Run] | None = None,
+         checked: dict[str, PlannedRun] | None = None) -> list[PlannedRun]:
+    """Every run of the recipe at this scale (or `runs`, a tuned recipe's runs so far),
+    checked, with its steps. The runs of one model share one step count (the largest any
+    of them needs), so arms and grid points that add parameters (the gate) still see the
+    same data. `steps_override` replaces the budget (a smoke run), `seeds` the scale's
+    seeds, `allow_epochs` its epoch limit; `checked` (cell -> planned run) carries the
+    checked configs from one call to the next."""
     scale = recipe.scale(scale_name)
     if seeds is not None:
         seeds = check_seeds(seeds, "--seeds")
@@ -189,26 +202,30 @@ def plan(recipe: Recipe, scale_name: str, extra: dict[str, Any] | None = None,
             raise ConfigError(f"--steps {steps_override}: must be a positive integer"
                               + (f", a multiple of {every} at the {scale_name} scale" if every > 1 else ""))
     varied = set(recipe.grid) | {key for arm in recipe.arms.values() for key in arm}
-    if seeds is not None or len(scale.seeds) > 1:
-        varied |= {"debug.seed", "gamma.data.seed"}
+    tune = recipe.tune_for(scale_name)
+    varied |= {tune.key} if tune else set()
+    if seeds is not None or len(scale.seeds) > 1 or tune:
+        varied |= set(SEED_KEYS)
     for key in extra or {}:
         if key in varied:
             raise ConfigError(f"--{key}: recipe {recipe.name} sets it per run; edit the recipe to change it")
         if key == "training.steps":
             raise ConfigError("--training.steps: the token budget sets it; use --steps N for a shorter run")
-    runs = recipe.runs(scale_name, seeds)
+    runs = recipe.runs(scale_name, seeds) if runs is None else runs
     names = [r.name for r in runs]
     if len(set(names)) != len(names):
         raise ConfigError(f"recipe {recipe.name}: two runs share a name; give the models distinct flavors")
-    planned, first_of_cell = [], {}
-    for r in runs:
-        if r.cell in first_of_cell:  # another seed: the same config but for two seeds (checked once)
-            first = first_of_cell[r.cell]
-            overrides = {**first.overrides, **{k: r.overrides[k] for k in SEED_KEYS}}
-            planned.append(dataclasses.replace(first, name=r.name, seed=r.seed, overrides=overrides))
-        else:
-            planned.append(first_of_cell.setdefault(r.cell, plan_run(recipe, scale_name, r, extra)))
-    multiple = STEP_MULTIPLE[scale_name]
+    planned, first_of_cell = [], ({} if checked is None else checked)
+    for r in runs:  # a cell's config is checked once: its seeds differ only in the seed keys
+        if r.cell not in first_of_cell:
+            first_of_cell[r.cell] = plan_run(recipe, scale_name, r, extra)
+        first = first_of_cell[r.cell]
+        overrides = {**first.overrides, **{k: r.overrides[k] for k in SEED_KEYS if k in r.overrides}}
+        planned.append(dataclasses.replace(first, name=r.name, seed=r.seed, overrides=overrides))
+    multiple = scale.step_multiple or STEP_MULTIPLE[scale_name]
+    if multiple % MEASUREMENTS.get(scale_name, 1):
+        raise ConfigError(f"[scale.{scale_name}] step_multiple = {multiple}: must be a multiple of "
+                          f"{MEASUREMENTS[scale_name]} (the evaluations land on the last step)")
     steps: dict[str, int] = {}
     for r in planned:
         budget = scale.tokens if scale.tokens is not None else scale.tokens_per_param * r.params
@@ -224,6 +241,21 @@ def plan(recipe: Recipe, scale_name: str, extra: dict[str, Any] | None = None,
                 f"[scale.{scale_name}] allow_epochs permits; give it more data (--training.dataset_path), "
                 "a smaller budget, or a higher allow_epochs (--allow-epochs)")
     return planned
+
+
+def cost(scale: Scale, runs: list[PlannedRun]) -> str:
+    """The runs' compute: CPU-hours on the CI machine at the tiny scale, else GPU-hours."""
+    if scale.name == "tiny":
+        return f"{sum(r.cpu_hours for r in runs):.3g} CPU-hours"
+    return f"{sum(r.gpu_hours for r in runs):.4g} GPU-hours"
+
+
+def cost_line(scale: Scale, runs: list[PlannedRun]) -> str:
+    if scale.name == "tiny":
+        return (f"total ≈ {cost(scale, runs)} (one run at a time on 2 cores, the CI machine; "
+                f"≈ {sum(r.gpu_hours for r in runs):.3g} GPU-hours)")
+    return (f"total ≈ {cost(scale, runs)} (at {scale.assumed_mfu:.0%} MFU of {scale.gpu_peak_tflops:g} "
+            "TFLOP/s per GPU)")
 
 
 def eps_warnings(recipe: Recipe, runs: list[PlannedRun]) -> list[str]:
@@ -242,21 +274,19 @@ def format_plan(recipe: Recipe, scale: str, runs: list[PlannedRun]) -> str:
     seeds = sorted({r.seed for r in runs if r.seed is not None})
     lines = [f"recipe {recipe.name} ({recipe.figure}), scale {scale}: {len(runs)} runs"
              + (f" ({len({r.cell for r in runs})} settings x seeds {', '.join(map(str, seeds))})" if seeds else "")]
-    total_hours = 0.0
     for r in runs:
-        total_hours += r.gpu_hours
         corpus = f", {r.epochs:.3g} epochs of training.dataset" if r.epochs is not None else ""
         lines += [
             f"  {r.name}: {Path(r.config).name}  world {r.world_size} ({r.nodes} node x {r.gpus_per_node})",
             f"    params {r.params / 1e6:.3g}M ({r.params_non_embedding / 1e6:.3g}M non-embedding"
             + (f", {r.active_params / 1e6:.3g}M active" if r.active_params else "") + ")"
             + f"  tokens {r.tokens / 1e6:.4g}M = {r.tokens_per_param:.1f}/param{corpus}",
-            f"    steps {r.steps} x {r.global_batch} seq x {r.seq_len}  ≈ {r.gpu_hours:.3g} GPU-hours",
+            f"    steps {r.steps} x {r.global_batch} seq x {r.seq_len}  ≈ "
+            + (f"{r.cpu_hours * 60:.3g} CPU-minutes" if scale == "tiny" else f"{r.gpu_hours:.3g} GPU-hours"),
             f"    ε / σ²(h) at init = {r.norm_eps:g} / {r.hidden_var:.3g} = {r.eps_ratio:.3g}"
             + (" (ε-DOMINATED)" if r.eps_dominated else f" (ε negligible: <= {EPS_DOMINANCE:g})"),
             "    overrides " + " ".join(f"--{k} {_cli(v)}" for k, v in r.overrides.items()),
         ]
-    lines.append(f"total ≈ {total_hours:.4g} GPU-hours (at {recipe.scale(scale).assumed_mfu:.0%} MFU of "
-                 f"{recipe.scale(scale).gpu_peak_tflops:g} TFLOP/s per GPU)")
+    lines.append(cost_line(recipe.scale(scale), runs))
     lines += eps_warnings(recipe, runs)
     return "\n".join(lines)

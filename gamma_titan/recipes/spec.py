@@ -6,13 +6,17 @@
     [arms.NAME]    named override sets, crossed with the grid (scaling: standard vs small)
     [report]       rows / columns of the pivot table; fit = true for the scaling law
     [[claims]]     what the paper says that the runs test, each with a verdict (reports/claims.py)
+    [tune]         a setting (the learning rate) searched per model and arm until its best value
+                   is bracketed, the best then trained with every seed (gamma_titan/grid_search.py); a
+                   scale's `tune = { start, stop }` moves its first grid
     [scale.tiny]   models (config + flavor) and a budget of tokens_per_param (CPU, minutes)
     [scale.gpu]    the same on one GPU (about an hour per recipe)
     [scale.paper]  models with nodes, gpus_per_node, global_batch; a budget of tokens
 
 A scale may also set `seeds` (every run is repeated once per seed: the init seed and the
 data order both change; default 3 seeds at the tiny scale, one elsewhere) and
-`allow_epochs` (how many passes over the training data a run may make; default 1).
+`allow_epochs` (how many passes over the training data a run may make; default 1) and
+`step_multiple` (steps are rounded up to a multiple of it; default 100 / 500 / 1000 by scale).
 
 Runs = models × arms × grid × seeds. Override keys are TorchTitan/gamma-titan config keys
 (`section.key`), exactly as on the `gamma-titan train` command line.
@@ -27,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gamma_titan.errors import ConfigError
+from gamma_titan.grid_search import Tune, parse_tune
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 RECIPES_DIR = PROJECT_ROOT / "recipes"
@@ -69,6 +74,7 @@ class Scale:
     time_limit_hours: float | None = None  # SLURM --time; None: 1.5 × the estimate
     seeds: tuple[int, ...] = (0,)
     allow_epochs: float = 1.0  # passes over the training data a run may make
+    step_multiple: int | None = None  # steps are rounded up to a multiple of this (None: plan.STEP_MULTIPLE)
 
 
 @dataclass
@@ -97,32 +103,43 @@ class Recipe:
     report: dict[str, Any]
     scales: dict[str, Scale]
     claims: list[dict[str, Any]] = field(default_factory=list)  # checked by reports/claims.py
+    tunes: dict[str, Tune] = field(default_factory=dict)  # per scale: a setting searched per model and arm
+
+    def tune_for(self, scale: str) -> Tune | None:
+        """The [tune] search at this scale (its [scale.NAME.tune] start/stop), or None."""
+        return self.tunes.get(scale)
 
     def runs(self, scale: str, seeds: tuple[int, ...] | None = None) -> list[Run]:
         """Every run at this scale: models × arms × grid × seeds (`seeds` replaces the scale's)."""
         s = self.scale(scale)
         seeds = tuple(s.seeds if seeds is None else seeds)
-        arms = list(self.arms.items()) or [(None, {})]
+        arms = list(self.arms) or [None]
         keys = list(self.grid)
         runs = []
         for model in s.models:
-            for arm, arm_set in arms:
+            for arm in arms:
                 for point in itertools.product(*(self.grid[k] for k in keys)):
-                    values = {**arm_set, **dict(zip(keys, point))}
-                    parts = [model.label] if len(s.models) > 1 else []
-                    parts += [arm] if arm else []
-                    parts += [f"{LABELS.get(k, k.rsplit('.', 1)[-1])}{_fmt(v)}" for k, v in zip(keys, point)]
-                    cell = "_".join(parts) or model.label
-                    overrides = {**self.set, **s.set, **values}
-                    if model.flavor:
-                        overrides["model.flavor"] = model.flavor
                     if len(seeds) == 1 and seeds == DEFAULT_SEEDS[scale]:
-                        runs.append(Run(cell, model, arm, values, overrides, cell))
-                        continue
-                    for seed in seeds:
-                        runs.append(Run(f"{cell}_s{seed}", model, arm, values,
-                                        {**overrides, **{k: seed for k in SEED_KEYS}}, cell, seed))
+                        runs.append(self.run(scale, model, arm, dict(zip(keys, point)), None))
+                    else:
+                        runs += [self.run(scale, model, arm, dict(zip(keys, point)), seed) for seed in seeds]
         return runs
+
+    def run(self, scale: str, model: Model, arm: str | None, point: dict[str, Any], seed: int | None) -> Run:
+        """One run: the model with the arm's overrides and the grid point (and the [tune]
+        value), under `seed` (None: the config's own seeds)."""
+        s = self.scale(scale)
+        values = {**(self.arms[arm] if arm else {}), **point}
+        parts = [model.label] if len(s.models) > 1 else []
+        parts += [arm] if arm else []
+        parts += [f"{LABELS.get(k, k.rsplit('.', 1)[-1])}{_fmt(v)}" for k, v in point.items()]
+        cell = "_".join(parts) or model.label
+        overrides = {**self.set, **s.set, **values}
+        if model.flavor:
+            overrides["model.flavor"] = model.flavor
+        if seed is None:
+            return Run(cell, model, arm, values, overrides, cell)
+        return Run(f"{cell}_s{seed}", model, arm, values, {**overrides, **{k: seed for k in SEED_KEYS}}, cell, seed)
 
     def scale(self, name: str) -> Scale:
         if name not in self.scales:
@@ -193,7 +210,7 @@ def _model(entry: Any, recipe: Path, where: str) -> Model:
 def _scale(name: str, raw: dict, recipe: Path) -> Scale:
     where = f"{recipe.name} [scale.{name}]"
     allowed = {"models", "tokens", "tokens_per_param", "set", "gpu_peak_tflops", "assumed_mfu", "time_limit_hours",
-               "seeds", "allow_epochs"}
+               "seeds", "allow_epochs", "tune", "step_multiple"}
     unknown = set(raw) - allowed
     if unknown:
         raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r}; allowed {', '.join(sorted(allowed))}")
@@ -205,7 +222,10 @@ def _scale(name: str, raw: dict, recipe: Path) -> Scale:
                   gpu_peak_tflops=raw.get("gpu_peak_tflops", 989.0), assumed_mfu=raw.get("assumed_mfu", 0.4),
                   time_limit_hours=raw.get("time_limit_hours"),
                   seeds=check_seeds(raw.get("seeds", list(DEFAULT_SEEDS[name])), f"{where}.seeds"),
-                  allow_epochs=raw.get("allow_epochs", 1.0))
+                  allow_epochs=raw.get("allow_epochs", 1.0), step_multiple=raw.get("step_multiple"))
+    if scale.step_multiple is not None and (not isinstance(scale.step_multiple, int)
+                                            or isinstance(scale.step_multiple, bool) or scale.step_multiple < 1):
+        raise ConfigError(f"{where}.step_multiple = {scale.step_multiple!r}: must be a positive integer")
     if not isinstance(scale.allow_epochs, (int, float)) or isinstance(scale.allow_epochs, bool) \
             or scale.allow_epochs <= 0:
         raise ConfigError(f"{where}.allow_epochs = {scale.allow_epochs!r}: must be a positive number")
@@ -239,7 +259,7 @@ def load_recipe(name: str) -> Recipe:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML ({e})") from None
-    allowed = {"recipe", "set", "grid", "arms", "report", "scale", "claims"}
+    allowed = {"recipe", "set", "grid", "arms", "report", "scale", "claims", "tune"}
     unknown = set(raw) - allowed
     if unknown:
         raise ConfigError(f"{path.name}: unknown table [{sorted(unknown)[0]}]; allowed {', '.join(sorted(allowed))}")
@@ -265,6 +285,20 @@ def load_recipe(name: str) -> Recipe:
 
     claims = raw.get("claims", [])
     check_claims(claims, {*grid, "arm", "model", *{k for arm in arms.values() for k in arm}}, path.name)
+    fixed = {*_table(raw, "set", path.name), *grid, *{k for arm in arms.values() for k in arm}}
+    tunes = {}
+    for name, table in scales.items():
+        where = f"{path.name} [scale.{name}.tune]"
+        own = table.get("tune", {}) if isinstance(table, dict) else {}
+        if not isinstance(own, dict) or set(own) - {"start", "stop"}:
+            raise ConfigError(f"{where}: a table of start and stop (the scale's first grid)")
+        if own and "tune" not in raw:
+            raise ConfigError(f"{where}: the recipe has no [tune] table")
+        if "tune" in raw:
+            tunes[name] = parse_tune({**_table(raw, "tune", path.name), **own}, path.name, fixed)
+    if tunes and (grid or claims):
+        raise ConfigError(f"{path.name}: a recipe with [tune] has no [grid] or [[claims]] (its report judges the "
+                          "tuned comparison itself)")
     return Recipe(name=path.stem, path=path, title=head.get("title", path.stem), figure=head.get("figure", ""),
                   expect=head.get("expect", ""), set=_table(raw, "set", path.name), grid=grid, arms=arms,
-                  report=report, scales={n: _scale(n, s, path) for n, s in scales.items()}, claims=claims)
+                  report=report, scales={n: _scale(n, s, path) for n, s in scales.items()}, claims=claims, tunes=tunes)

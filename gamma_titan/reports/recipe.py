@@ -75,6 +75,7 @@ def load_runs(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         state = status.get(run["name"], {})
         run.setdefault("cell", run["name"])  # plans written before seeds: one run per cell
         run.setdefault("seed", None)
+        run.setdefault("width", None)  # plans written before the width was recorded
         runs.append({**run, "records": records, "final": final, "finished": done,
                      "status": "finished" if done else (state.get("status") or ("partial" if records else "not run")),
                      "seconds": state.get("seconds")})
@@ -323,6 +324,15 @@ def write_report(root: str | Path, out: str | Path | None = None) -> Path:
         lines += ["![final loss](final_loss.png)", ""]
     if _plot_sink(runs, out / "sink_per_layer.png"):
         lines += ["![sink score per layer](sink_per_layer.png)", ""]
+    if plan.get("tune"):  # a tuned recipe judges its comparison at the best values (reports/ladder.py)
+        from gamma_titan.reports import ladder
+
+        tuned = ladder.analyse(plan, runs)
+        at = lines.index("## Figures")
+        lines[at:at] = ladder.section(tuned, len(plan["seeds"]))
+        if ladder.plot(tuned, out / "ladder.png"):
+            lines += ["![loss against parameters at the best values](ladder.png)", ""]
+        lines += claims_table(ladder.claims(tuned))
     if plan.get("claims"):
         keys = [*plan["grid"], *(["arm"] if plan["arms"] else []), "model"]
         lines += claims_table(evaluate(plan["claims"], runs, _value, keys))

@@ -25,10 +25,12 @@ class PowerLaw:
         return self.E + self.A * np.asarray(n, dtype=float) ** -self.alpha
 
     def size_for(self, loss: float) -> float:
-        """The N at which this law reaches `loss` (inf at or below its floor E)."""
-        if loss <= self.E:
+        """The N at which this law reaches `loss` (inf at or below its floor E, past what a
+        float holds, or when the law does not fall with N)."""
+        if loss <= self.E or self.A <= 0:
             return math.inf
-        return (self.A / (loss - self.E)) ** (1.0 / self.alpha)
+        log_n = math.log(self.A / (loss - self.E)) / self.alpha
+        return math.exp(log_n) if log_n < 700 else math.inf
 
 
 def _solve(x: np.ndarray, y: np.ndarray, alpha: float) -> tuple[float, float, float]:
@@ -36,6 +38,15 @@ def _solve(x: np.ndarray, y: np.ndarray, alpha: float) -> tuple[float, float, fl
     (e, a), *_ = np.linalg.lstsq(design, y, rcond=None)
     sse = float(np.sum((design @ np.array([e, a]) - y) ** 2))
     return float(e), float(a), sse
+
+
+def _grid_sse(x: np.ndarray, y: np.ndarray, alphas: np.ndarray) -> np.ndarray:
+    """The least-squares error at each α of the grid at once (simple regression of y on x^−α)."""
+    z = x[None, :] ** -alphas[:, None]
+    zc = z - z.mean(axis=1, keepdims=True)
+    yc = y - y.mean()
+    a = (zc @ yc) / np.maximum((zc * zc).sum(axis=1), 1e-300)
+    return ((yc[None, :] - a[:, None] * zc) ** 2).sum(axis=1)
 
 
 def fit_power_law(n, loss) -> PowerLaw:
@@ -50,7 +61,7 @@ def fit_power_law(n, loss) -> PowerLaw:
     scale = math.exp(float(np.mean(np.log(n))))
     x = n / scale
     grid = np.geomspace(*ALPHA_RANGE, 400)
-    errors = [_solve(x, y, a)[2] for a in grid]
+    errors = _grid_sse(x, y, grid)
     i = int(np.argmin(errors))
     lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
     best = minimize_scalar(lambda a: _solve(x, y, a)[2], bounds=(lo, hi), method="bounded",

@@ -13,7 +13,7 @@ import os
 import sys
 
 from gamma_titan.config import load_job_config
-from gamma_titan.errors import ConfigError
+from gamma_titan.errors import EXIT_BAD_INPUT, EXIT_DISK_FULL, EXIT_NONFINITE, ConfigError
 from gamma_titan.inspect_model import format_report, inspect_model, knobs, knobs_line, tokens_per_step, \
     weight_decay_report
 from gamma_titan.training.preflight import finished_run, launch_warnings, preflight, resume_notes, \
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
         spec, args = preflight(config)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(EXIT_BAD_INPUT)
     done = finished_run(config)
     if done is not None:  # every rank sees the same folder: none starts
         if int(os.environ.get("RANK", "0")) == 0:
@@ -159,7 +159,7 @@ def train(config, spec, args) -> None:
         lock = RunLock(config.job.dump_folder).acquire() if rank == 0 else None
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(EXIT_BAD_INPUT)
     log_file = console.set_up(config, device_type, rank)
     try:
         if rank == 0:
@@ -173,11 +173,11 @@ def train(config, spec, args) -> None:
     except NonFiniteError as e:  # [gamma.reliability]: the run stops, naming the step
         logger.error(str(e))
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(3)
+        sys.exit(EXIT_NONFINITE)
     except DiskFullError as e:  # a save that found no room: the complete checkpoints stay
         logger.error(str(e))
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(4)
+        sys.exit(EXIT_DISK_FULL)
     finally:
         if lock is not None:
             lock.release()

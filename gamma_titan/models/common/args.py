@@ -99,6 +99,10 @@ class GammaArgs(BaseModelArgs):
 
     # --- what the rest of the package asks ---------------------------------------------
 
+    def model_width(self) -> int:
+        """d, the residual stream's width (the axis of the recipes' tuned ladder)."""
+        return int(self.dim)
+
     def hidden_var_at_init(self) -> float:
         """σ²(h) at the first RMSNorm at init: the token embedding's variance d^(−2γ) (the
         smallest over the norms' inputs, since each block adds to it). ε matters once it

@@ -99,6 +99,10 @@ class TitanArgs(GammaArgs):
     def expert_parallel_needs_cuda(self) -> bool:
         return True  # TorchTitan's ExpertParallel: no CPU path for its token permutation
 
+    def model_width(self) -> int:
+        """d, the residual stream's width (the axis of the recipes' tuned ladder)."""
+        return int(self.dim)
+
     def hidden_var_at_init(self) -> float:
         """σ²(h) at the first norm: the embedding's variance, d^(−2γ) under γ-init, 1 under
         TorchTitan's N(0, 1) embedding init."""
