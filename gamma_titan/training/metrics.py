@@ -89,9 +89,11 @@ class GammaMetricsProcessor(MetricsProcessor):
         """TorchTitan's log, plus the MoE expert load (a collective: all ranks log)."""
         from gamma_titan.models.common.moe import moe_load_metrics
 
-        group = self.parallel_dims.get_mesh("batch").get_group() if self.parallel_dims.dp_enabled else None
+        dims = self.parallel_dims
+        group = dims.get_mesh("batch").get_group() if dims.dp_enabled else None
+        pp_group = dims.get_mesh("pp").get_group() if dims.pp_enabled else None
         elapsed, left = self.eta.update(step)
-        extra = {**(extra_metrics or {}), **moe_load_metrics(self.model_parts or [], group),
+        extra = {**(extra_metrics or {}), **moe_load_metrics(self.model_parts or [], group, pp_group),
                  "time/elapsed_s": round(elapsed, 1), **({} if left is None else {"time/eta_s": round(left, 1)})}
         if step == 1 and self.job_config.gamma.diagnostics.enable and not self.diagnostics_attached:
             logger.warning("gamma.diagnostics.enable is true, but this trainer does not run diagnostics: "

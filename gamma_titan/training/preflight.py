@@ -30,9 +30,12 @@ def check_parallelism(config, world_size: int, args) -> None:
     """The layout (training/layout.py: one line naming a layout that works), then what it
     needs of the other keys."""
     from gamma_titan.training.layout import LayoutRules
+    from gamma_titan.training.pipeline import check_pipeline
 
     p = config.parallelism  # each degree is an integer >= 1, or -1 where allowed (config/titan_keys.py)
     layout = LayoutRules(args, config.model.name, cuda=torch.cuda.is_available()).resolve(p, world_size)
+    if layout.pp > 1:
+        check_pipeline(config, args.pipeline_blocks(), cuda=torch.cuda.is_available())
     ep = layout.ep
     ac = config.activation_checkpoint
     if ep > 1 and ac.mode == "selective" and ac.selective_ac_option == "op" and sac_replays_fsdp_hooks():

@@ -113,6 +113,10 @@ class GammaArgs(BaseModelArgs):
         """Whether the family's TrainSpec has a pipelining function."""
         return False
 
+    def pipeline_blocks(self) -> int:
+        """The blocks a pipeline splits into stages (TorchTitan's pipeline_llm reads n_layers)."""
+        return int(self.n_layers)
+
     def supports_context_parallel(self) -> bool:
         return False
 

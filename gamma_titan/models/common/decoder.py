@@ -70,13 +70,18 @@ class DecoderLM(ModelProtocol):
 
     def forward(self, tokens: torch.Tensor, attention_masks: None = None, *, head: bool = True) -> torch.Tensor:
         """Logits; with `head=False`, the final norm's output instead (for readers of the
-        activations, such as the diagnostics' probe, which need no vocabulary matmul)."""
-        h = self.tok_embeddings(tokens)
-        rope = self.rope[: tokens.shape[1]]
+        activations, such as the diagnostics' probe, which need no vocabulary matmul).
+
+        A pipeline stage (TorchTitan's pipeline_module_split) holds some of the blocks and
+        None for the embedding, norm or output it lacks: a stage without the embedding
+        takes the previous stage's hidden states as `tokens`, one without the head returns
+        hidden states."""
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         for layer in self.layers.values():
-            h = layer(h, rope)
-        h = self.norm(h)
-        return self.output(h) if head else h
+            h = layer(h, self.rope)  # the whole cache: attention takes its sequence's positions
+        if self.norm is not None:
+            h = self.norm(h)
+        return self.output(h) if head and self.output is not None else h
 
     def block_inputs(self, seq_len: int, device) -> tuple:
         """What each block takes after the hidden states, for a reader running the blocks

@@ -60,6 +60,8 @@ class _Rotate(torch.autograd.Function):
 
 
 def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-    """x: (batch, seq, heads, head_dim); rope: the cache sliced to (seq, head_dim)."""
-    parts = torch.view_as_real(rope).unsqueeze(1)  # (seq, 1, head_dim, 2): broadcast over heads
+    """x: (batch, seq, heads, head_dim); rope: the cache, (≥ seq, head_dim): positions 0..seq-1
+    are taken here, where the whole sequence is (a block's input may be one TP rank's
+    sequence shard, gathered before attention)."""
+    parts = torch.view_as_real(rope[: x.shape[1]]).unsqueeze(1)  # (seq, 1, head_dim, 2): broadcast over heads
     return _Rotate.apply(x, parts[..., 0], parts[..., 1])
