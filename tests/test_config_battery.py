@@ -137,11 +137,11 @@ BATTERY = [
      "parallelism.tensor_parallel_degree = 2 must divide model_args.moe_hidden_dim = 129; use "
      "--parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 1 (shard 2)"),
     (DENSE, ["--parallelism.context_parallel_degree", "2"], 2,
-     "parallelism.context_parallel_degree = 2: gamma_dense supports 1 (no context parallelism); use "
-     "--parallelism.data_parallel_shard_degree 2 --parallelism.context_parallel_degree 1 (shard 2)"),
+     "parallelism.context_parallel_degree = 2: context parallelism needs CUDA SDPA kernels (PyTorch has no CPU ring "
+     "attention); use --parallelism.data_parallel_shard_degree 2 --parallelism.context_parallel_degree 1 (shard 2)"),
     (MOE, ["--parallelism.context_parallel_degree", "2"], 2,
-     "parallelism.context_parallel_degree = 2: gamma_moe supports 1 (no context parallelism); use "
-     "--parallelism.data_parallel_shard_degree 2 --parallelism.context_parallel_degree 1 (shard 2)"),
+     "parallelism.context_parallel_degree = 2: context parallelism needs CUDA SDPA kernels (PyTorch has no CPU ring "
+     "attention); use --parallelism.data_parallel_shard_degree 2 --parallelism.context_parallel_degree 1 (shard 2)"),
     (DENSE, ["--training.dataset", "nosuch"], 1,
      "re:training.dataset: unknown dataset 'nosuch'; allowed: builtin, builtin_validation, .*memmap"),
     (DENSE, ["--training.dataset", "memmap", "--training.dataset_path", "/nonexistent"], 1,

@@ -486,7 +486,8 @@ README_ROWS = {"shard (FSDP)": dict(shard=2), "replicate (DDP)": dict(replicate=
                "tp x replicate x shard": dict(replicate=2, shard=2, tp=2), "ep (= shard)": dict(shard=2, ep=2),
                "ep < shard (experts sharded)": dict(shard=4, ep=2),
                "ep x replicate x shard": dict(replicate=2, shard=2, ep=2), "ep x tp": dict(shard=2, tp=2, ep=2),
-               "ep x etp": dict(shard=2, tp=2, ep=2, etp=2), "cp": dict(cp=2), "pp": dict(pp=2),
+               "ep x etp": dict(shard=2, tp=2, ep=2, etp=2), "cp": dict(cp=2), "cp x tp": dict(cp=2, tp=2),
+               "cp x ep": dict(cp=2, ep=2), "cp x pp": dict(cp=2, pp=2), "pp": dict(pp=2),
                "pp x shard": dict(shard=2, pp=2), "pp x tp": dict(tp=2, pp=2), "pp x ep": dict(shard=2, pp=2, ep=2)}
 README_COLUMNS = {"gamma_dense": ("configs/dense/debug.toml", ()), "gamma_moe MHA": ("configs/moe/debug.toml", ()),
                   "gamma_moe MLA": ("configs/moe/debug_mla.toml", ()),

@@ -90,7 +90,9 @@ class GammaMetricsProcessor(MetricsProcessor):
         from gamma_titan.models.common.moe import moe_load_metrics
 
         dims = self.parallel_dims
-        group = dims.get_mesh("batch").get_group() if dims.dp_enabled else None
+        # the ranks that hold different tokens: the batch's, and under CP the sequence chunks'
+        group = dims.get_mesh("loss" if dims.cp_enabled else "batch").get_group() \
+            if dims.dp_enabled or dims.cp_enabled else None
         pp_group = dims.get_mesh("pp").get_group() if dims.pp_enabled else None
         elapsed, left = self.eta.update(step)
         extra = {**(extra_metrics or {}), **moe_load_metrics(self.model_parts or [], group, pp_group),

@@ -17,7 +17,7 @@ from torchtitan.protocols.model import ModelProtocol
 
 from gamma_titan.init import gamma_init_, standard_fan_in
 
-from .rope import rope_cache
+from .rope import rope_at, rope_cache
 
 
 def param_group(name: str) -> str:
@@ -68,17 +68,24 @@ class DecoderLM(ModelProtocol):
         a = self.model_args
         return rope_cache(self.rope_dim, a.max_seq_len, a.rope_theta, device=device)
 
-    def forward(self, tokens: torch.Tensor, attention_masks: None = None, *, head: bool = True) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, attention_masks: None = None, positions: torch.Tensor | None = None, *,
+                head: bool = True) -> torch.Tensor:
         """Logits; with `head=False`, the final norm's output instead (for readers of the
         activations, such as the diagnostics' probe, which need no vocabulary matmul).
+
+        `positions` (batch, seq) are the tokens' places in their sequences when they are
+        not 0..seq-1: TorchTitan's context parallelism passes each rank's (its chunks of the
+        sequence) and runs the attention's SDPA module as ring attention.
 
         A pipeline stage (TorchTitan's pipeline_module_split) holds some of the blocks and
         None for the embedding, norm or output it lacks: a stage without the embedding
         takes the previous stage's hidden states as `tokens`, one without the head returns
         hidden states."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        # the whole cache (attention takes its sequence's positions), or each token's rows
+        rope = self.rope if positions is None else rope_at(self.rope, positions)
         for layer in self.layers.values():
-            h = layer(h, self.rope)  # the whole cache: attention takes its sequence's positions
+            h = layer(h, rope)
         if self.norm is not None:
             h = self.norm(h)
         return self.output(h) if head and self.output is not None else h

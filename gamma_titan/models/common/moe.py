@@ -79,15 +79,28 @@ def balance_loss(scores: torch.Tensor, counts: torch.Tensor, top_k: int) -> torc
     return num_experts * (share * mean_score).sum()
 
 
-def sequence_balance_loss(scores: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+def sequence_balance_loss(scores: torch.Tensor, indices: torch.Tensor, sequence_group=None) -> torch.Tensor:
     """DeepSeek-V3's sequence-wise balance loss: `balance_loss` of each sequence, averaged.
-    scores (batch, seq, E), indices (batch, seq, k) of the chosen experts."""
+    scores (batch, seq, E), indices (batch, seq, k) of the chosen experts.
+
+    Under context parallelism a rank holds part of each sequence: `sequence_group` (the CP
+    ranks) sums the sequences' counts and scores over its ranks first, so every rank has the
+    whole sequences' loss; its gradient reaches this rank's own scores only (the others'
+    sums enter as constants), and the data-parallel gradient sum adds up the rest."""
     batch, seq, num_experts = scores.shape
     top_k = indices.shape[-1]
     counts = torch.zeros(batch, num_experts, dtype=torch.float32, device=scores.device)
     counts.scatter_add_(1, indices.reshape(batch, -1), torch.ones(batch, seq * top_k, device=scores.device))
+    score_sums = (scores / scores.sum(dim=-1, keepdim=True)).sum(dim=1)
+    if sequence_group is not None:
+        import torch.distributed._functional_collectives as funcol
+
+        counts = funcol.all_reduce(counts, "sum", sequence_group)
+        whole = funcol.all_reduce(score_sums.detach(), "sum", sequence_group)
+        score_sums = score_sums + (whole - score_sums.detach())
+        seq = seq * torch.distributed.get_world_size(sequence_group)
     share = counts / (seq * top_k)  # f per sequence
-    mean_score = (scores / scores.sum(dim=-1, keepdim=True)).mean(dim=1)  # P per sequence
+    mean_score = score_sums / seq  # P per sequence
     return num_experts * (share * mean_score).sum(dim=-1).mean()
 
 
@@ -155,7 +168,8 @@ class TokenChoiceRouter(CountsLoad, nn.Module):
 @torch.no_grad()
 def moe_load_metrics(model_parts: list[nn.Module], batch_group=None, pp_group=None) -> dict[str, float]:
     """Expert load since the last call, per MoE layer, summed over data-parallel ranks
-    (a collective on `batch_group`: every rank must call it), then reset. Under pipeline
+    (and context-parallel ones, which hold other chunks of the sequences: a collective on
+    `batch_group`, every rank must call it), then reset. Under pipeline
     parallelism each stage measures its own layers and `pp_group` gathers them, so that
     every stage logs every layer (and the aux loss over all of them).
 
@@ -289,6 +303,7 @@ class MoELayer(MoE):
         # (set_aux_grad_scale), a buffer so that a compiled block does not specialise on it.
         self.aux_loss_weight = 1.0
         self.register_buffer("aux_grad_scale", torch.ones(()), persistent=False)
+        self.sequence_group = None  # the context-parallel ranks that share each sequence (sequence_balance_loss)
         # For the log (RoutingLedger, moe_load_metrics): Σ aux·share and Σ share since the last log.
         self.last_aux_loss: torch.Tensor | None = None
         self.aux_loss_sum: torch.Tensor | None = None
@@ -304,7 +319,7 @@ class MoELayer(MoE):
             batch, seq, _ = x.shape
             scores, indices = routed
             aux = self.router.aux_loss_coeff * sequence_balance_loss(
-                scores.view(batch, seq, -1), indices.view(batch, seq, -1))
+                scores.view(batch, seq, -1), indices.view(batch, seq, -1), self.sequence_group)
             # Kept, not summed, here: activation checkpointing runs this forward again in the
             # backward, and an op that only the rerun makes breaks selective AC's replay
             # (RoutingLedger sums it once per training micro-batch).
@@ -388,6 +403,14 @@ class RoutingLedger:
                 layer.aux_loss_sum = weighted if layer.aux_loss_sum is None else layer.aux_loss_sum + weighted
                 layer.aux_loss_share += layer.aux_loss_weight
         self.start()
+
+
+def set_sequence_group(model: nn.Module, group) -> None:
+    """Tell every MoE layer which ranks hold the other chunks of its sequences (context
+    parallelism): its sequence-wise balance loss sums their counts and scores."""
+    for module in model.modules():
+        if isinstance(module, MoELayer):
+            module.sequence_group = group
 
 
 def set_micro_batch_share(model: nn.Module, share: float) -> None:
