@@ -79,3 +79,17 @@ def test_the_live_diagnostics_are_refused_under_context_parallelism():
     config, args = cp_config()
     with pytest.raises(ConfigError, match="^gamma.diagnostics.enable = true needs parallelism.context_parallel_"):
         check_diagnostics(config, None, args)
+
+
+@pytest.mark.parametrize("config_file", ["configs/dense/debug.toml", "configs/moe/debug_mla.toml"])
+def test_torchtitans_validator_finds_the_rotary_cache(config_file):
+    """TorchTitan 0.2's validator reads `freqs_cis` of each model part under CP."""
+    import torch
+
+    from gamma_titan.models import TRAIN_SPECS
+
+    config = load_job_config(["--job.config_file", str(REPO / config_file)])
+    name, args = config.model.name, resolve_model(config)[1]
+    with torch.device("meta"):
+        model = TRAIN_SPECS[name].model_cls(args)
+    assert model.freqs_cis is model.rope

@@ -203,6 +203,8 @@ def cases() -> list[dict]:
 
 #: Resumes: 6 steps, checkpointed at step 3.
 RESUME = ("--training.steps", "6", "--checkpoint.enable", "true", "--checkpoint.interval", "3")
+VALIDATION = ("--validation.enable", "true", "--validation.freq", "3", "--validation.steps", "2",
+              "--validation.seq_len", "64", "--validation.local_batch_size", "4")
 #: name: (family, world, layout degrees, local batch, the run whose step-3 it resumes, phase).
 #: Launches run by phase, then world size 1, 4, 2, 8: a resume follows the run it resumes.
 RESUMES = {
@@ -237,6 +239,8 @@ def resume_cases() -> list[dict]:
         argv = [*family_argv(family), *RESUME, *layout.flags().split(), "--training.local_batch_size", str(local)]
         if name.endswith("batch4"):
             argv += ["--training.global_batch_size", "4"]
+        if name in ("dense-resume", "dense-resume-pp2"):  # validated at steps 3 and 6 (by the last stage)
+            argv += VALIDATION
         out.append({"name": name, "family": f"{family}-resume", "world": world, "phase": phase, "argv": argv,
                     "save": source is None and world == 1, "kind": "resume",
                     "resume_from": None if source is None else f"{source}/checkpoint/step-3"})
@@ -434,6 +438,12 @@ def test_a_pipeline_save_resumes_bitwise_and_converts_to_hugging_face(matrix, fa
     from gamma_titan.reports.tokens import load_model
 
     resumed, whole = matrix[f"{family}-resume-pp2to_pp2"], matrix[f"{family}-resume-pp2"]
+    if family == "dense":  # validated by the last stage: one process's validation loss
+        ref = matrix["dense-resume"]
+        validated = [(r["step"], r["val_loss"]) for r in whole["records"] if "val_loss" in r]
+        reference = [(r["step"], r["val_loss"]) for r in ref["records"] if "val_loss" in r]
+        assert [s for s, _ in validated] == [s for s, _ in reference] and {3, 6} <= {s for s, _ in validated}
+        assert relative([v for _, v in validated], [v for _, v in reference]) <= tolerances(matrix, family)["loss"]
     assert [r["step"] for r in resumed["records"]] == [4, 5, 6]
     assert resumed["losses"] == whole["losses"][3:] and resumed["aux"] == whole["aux"][3:]
     assert [rank["digest"] for rank in resumed["params"]] == [rank["digest"] for rank in whole["params"]]

@@ -103,6 +103,18 @@ class GammaMetricsProcessor(MetricsProcessor):
         super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra)
         logger.info(progress_line(step, self.eta.total, elapsed, left))
 
+    def log_validation(self, loss: float, step: int, extra_metrics: dict[str, Any] | None = None):
+        """TorchTitan's, with the loss of the last pipeline stage on every stage: its 0.2
+        validator hands the other stages a placeholder (-1 / tokens), which rank 0's
+        console and TensorBoard would show (a collective: every rank validates)."""
+        dims = self.parallel_dims
+        if dims.pp_enabled:
+            pp = dims.get_mesh("pp")
+            value = [float(loss)]
+            torch.distributed.broadcast_object_list(value, group_src=pp.size() - 1, group=pp.get_group())
+            loss = value[0]
+        super().log_validation(loss, step, extra_metrics)
+
     # --- diagnostics (gamma_titan/diagnostics) ------------------------------------------
 
     @property

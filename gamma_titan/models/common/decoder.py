@@ -90,6 +90,12 @@ class DecoderLM(ModelProtocol):
             h = self.norm(h)
         return self.output(h) if head and self.output is not None else h
 
+    @property
+    def freqs_cis(self) -> torch.Tensor:
+        """The rotary cache under TorchTitan's name: its 0.2 validator reads `freqs_cis` of
+        every model part under context parallelism (for a context it then never enters)."""
+        return self.rope
+
     def block_inputs(self, seq_len: int, device) -> tuple:
         """What each block takes after the hidden states, for a reader running the blocks
         one by one (inspect): the rotary cache, rebuilt on `device`."""
