@@ -213,7 +213,7 @@ def test_the_ladder_recipe_plans_at_every_scale(builtin_assets, tmp_path, capsys
     printed = capsys.readouterr().out
     assert len({r.width for r in tiny.runs}) >= 4 and all(r.epochs <= 1 for r in tiny.runs)
     assert all(20 <= r.tokens_per_param < 23 for r in tiny.runs)  # the same budget at every width (step_multiple 20)
-    assert "CPU-hours" in printed and "round 1: 24 of 24 runs to train" in printed
+    assert "CPU-hours" in printed and "round 1: 30 of 30 runs to train" in printed  # 5 widths x 2 arms x 3 rates
     assert not (tmp_path / "tiny").exists()
     gpu = plan_recipe("lr_ladder", "gpu", out=str(tmp_path / "gpu"), allow_epochs=1e9)
     assert execute(gpu, dry_run=True) == 0
