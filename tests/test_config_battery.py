@@ -101,6 +101,9 @@ BATTERY = [
              "--training.global_batch_size", "-1"], 2,
      "parallelism.pipeline_parallel_schedule = 'Interleaved1F1B' runs the micro-batches in rounds of 2: "
      "training.local_batch_size / pipeline_parallel_microbatch_size = 5 / 1 = 5 is not a multiple of 2"),
+    (DENSE, [*PP2, "--validation.local_batch_size", "4"], 2,
+     "validation.local_batch_size = 4: under pipeline parallelism the validator runs the training schedule's 8 "
+     "micro-batches (training.local_batch_size / pipeline_parallel_microbatch_size); use a multiple of 8"),
     (MOE, [*PP2, "--parallelism.expert_parallel_degree", "2"], 2,
      "parallelism.expert_parallel_degree = 2 must divide the data-parallel shard degree (1) x context parallel "
      "degree (1); use --parallelism.expert_parallel_degree 1 (pp 2)"),

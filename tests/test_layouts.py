@@ -204,7 +204,7 @@ def cases() -> list[dict]:
 #: Resumes: 6 steps, checkpointed at step 3.
 RESUME = ("--training.steps", "6", "--checkpoint.enable", "true", "--checkpoint.interval", "3")
 VALIDATION = ("--validation.enable", "true", "--validation.freq", "3", "--validation.steps", "2",
-              "--validation.seq_len", "64", "--validation.local_batch_size", "4")
+              "--validation.seq_len", "64", "--validation.local_batch_size", "8")
 #: name: (family, world, layout degrees, local batch, the run whose step-3 it resumes, phase).
 #: Launches run by phase, then world size 1, 4, 2, 8: a resume follows the run it resumes.
 RESUMES = {

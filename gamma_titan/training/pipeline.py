@@ -85,6 +85,13 @@ def _check_micro_batches(config, n_stages: int) -> None:
         raise ConfigError(f"parallelism.pipeline_parallel_schedule = {name!r} runs the micro-batches in rounds of "
                           f"{pp}: training.local_batch_size / pipeline_parallel_microbatch_size = {batch} / {size} "
                           f"= {n} is not a multiple of {rounds}")
+    val = config.validation
+    if val.enable and val.local_batch_size % n:
+        # TorchTitan's validator runs the training schedule, which splits every batch into its
+        # n micro-batches (measured: 4 sequences for 8 fail with "Expecting 8 arg_mbs but got 4")
+        raise ConfigError(f"validation.local_batch_size = {val.local_batch_size}: under pipeline parallelism the "
+                          f"validator runs the training schedule's {n} micro-batches (training.local_batch_size / "
+                          f"pipeline_parallel_microbatch_size); use a multiple of {n}")
 
 
 def _check_named_split(stages: list[list[str]], n_layers: int) -> None:
