@@ -13,6 +13,7 @@ from gamma_titan.training.preflight import preflight
 from helpers import REPO
 
 DENSE, MOE = "configs/dense/debug.toml", "configs/moe/debug.toml"
+PP2 = ("--parallelism.pipeline_parallel_degree", "2", "--gamma.diagnostics.enable", "false")
 
 # (config, overrides, world size, the message: exact, or a regex when it starts with "re:")
 BATTERY = [
@@ -70,8 +71,42 @@ BATTERY = [
      "parallelism.data_parallel_shard_degree = 2: the degrees multiply to 2 but the world size is 1; use "
      "--parallelism.data_parallel_shard_degree 1 (one rank)"),
     (DENSE, ["--parallelism.pipeline_parallel_degree", "2"], 2,
-     "parallelism.pipeline_parallel_degree = 2: gamma_dense supports 1 (no pipeline parallelism); use "
-     "--parallelism.data_parallel_shard_degree 2 --parallelism.pipeline_parallel_degree 1 (shard 2)"),
+     "gamma.diagnostics.enable = true needs parallelism.pipeline_parallel_degree = 1 (the probe runs the whole "
+     "model); set it false for pipeline-parallel runs"),
+    (DENSE, [*PP2, "--parallelism.pipeline_parallel_schedule", "PipelineScheduleSingle"], 2,
+     "parallelism.pipeline_parallel_schedule = 'PipelineScheduleSingle' runs the order in "
+     "parallelism.pipeline_parallel_schedule_csv; set that file, or use 1F1B, GPipe, Interleaved1F1B, LoopedBFS, "
+     "InterleavedZeroBubble or ZBVZeroBubble"),
+    (DENSE, [*PP2, "--parallelism.pipeline_parallel_schedule", "DualPipeV"], 2,
+     "parallelism.pipeline_parallel_schedule = 'DualPipeV' needs a GPU (torch's DualPipeV); on this machine use "
+     "ZBVZeroBubble, the other V-shaped schedule"),
+    (DENSE, [*PP2, "--parallelism.pipeline_parallel_layers_per_stage", "1"], 2,
+     "parallelism.pipeline_parallel_schedule = '1F1B' runs one stage per rank, but the split has 3 per rank; use "
+     "a looped schedule such as Interleaved1F1B, or 2 stages"),
+    (DENSE, [*PP2, "--parallelism.pipeline_parallel_schedule", "ZBVZeroBubble",
+             "--parallelism.pipeline_parallel_layers_per_stage", "1"], 2,
+     "parallelism.pipeline_parallel_schedule = 'ZBVZeroBubble' runs two stages per rank (a V), but the split has "
+     "3; make it 4 stages"),
+    (DENSE, [*PP2, "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B",
+             "--parallelism.pipeline_parallel_layers_per_stage", "6"], 2,
+     "parallelism.pipeline_parallel_degree = 2: must divide the 1 pipeline stages (module_fqns_per_model_part or "
+     "pipeline_parallel_layers_per_stage)"),
+    (DENSE, [*PP2, "--parallelism.pipeline_parallel_first_stage_less_layers", "9"], 2,
+     "parallelism.pipeline_parallel_schedule = '1F1B' makes 2 stages, with pipeline_parallel_first_stage_less_layers "
+     "= 9 and last_stage_less_layers = 1: input_weight (9) exceeds minimum layers per stage (7)."),
+    (DENSE, [*PP2, "--parallelism.pipeline_parallel_microbatch_size", "8"], 2,
+     "parallelism.pipeline_parallel_schedule = '1F1B' needs at least as many micro-batches as stages (2); "
+     "training.local_batch_size / pipeline_parallel_microbatch_size = 8 / 8 = 1"),
+    (DENSE, [*PP2, "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B", "--training.local_batch_size", "5",
+             "--training.global_batch_size", "-1"], 2,
+     "parallelism.pipeline_parallel_schedule = 'Interleaved1F1B' runs the micro-batches in rounds of 2: "
+     "training.local_batch_size / pipeline_parallel_microbatch_size = 5 / 1 = 5 is not a multiple of 2"),
+    (DENSE, [*PP2, "--validation.local_batch_size", "4"], 2,
+     "validation.local_batch_size = 4: under pipeline parallelism the validator runs the training schedule's 8 "
+     "micro-batches (training.local_batch_size / pipeline_parallel_microbatch_size); use a multiple of 8"),
+    (MOE, [*PP2, "--parallelism.expert_parallel_degree", "2"], 2,
+     "parallelism.expert_parallel_degree = 2 must divide the data-parallel shard degree (1) x context parallel "
+     "degree (1); use --parallelism.expert_parallel_degree 1 (pp 2)"),
     (DENSE, ["--parallelism.expert_parallel_degree", "2"], 2,
      "parallelism.expert_parallel_degree = 2 applies to MoE models; gamma_dense has no experts; use "
      "--parallelism.expert_parallel_degree 1 (shard 2)"),
@@ -105,11 +140,11 @@ BATTERY = [
      "parallelism.tensor_parallel_degree = 2 must divide model_args.moe_hidden_dim = 129; use "
      "--parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 1 (shard 2)"),
     (DENSE, ["--parallelism.context_parallel_degree", "2"], 2,
-     "parallelism.context_parallel_degree = 2: gamma_dense supports 1 (no context parallelism); use "
-     "--parallelism.data_parallel_shard_degree 2 --parallelism.context_parallel_degree 1 (shard 2)"),
+     "parallelism.context_parallel_degree = 2: context parallelism needs CUDA SDPA kernels (PyTorch has no CPU ring "
+     "attention); use --parallelism.data_parallel_shard_degree 2 --parallelism.context_parallel_degree 1 (shard 2)"),
     (MOE, ["--parallelism.context_parallel_degree", "2"], 2,
-     "parallelism.context_parallel_degree = 2: gamma_moe supports 1 (no context parallelism); use "
-     "--parallelism.data_parallel_shard_degree 2 --parallelism.context_parallel_degree 1 (shard 2)"),
+     "parallelism.context_parallel_degree = 2: context parallelism needs CUDA SDPA kernels (PyTorch has no CPU ring "
+     "attention); use --parallelism.data_parallel_shard_degree 2 --parallelism.context_parallel_degree 1 (shard 2)"),
     (DENSE, ["--training.dataset", "nosuch"], 1,
      "re:training.dataset: unknown dataset 'nosuch'; allowed: builtin, builtin_validation, .*memmap"),
     (DENSE, ["--training.dataset", "memmap", "--training.dataset_path", "/nonexistent"], 1,

@@ -29,7 +29,7 @@ from gpu.judges import Run  # noqa: E402
 
 CHECKS = ["dense_bf16", "dense_float8", "moe_mla_bf16", "sigterm_drill", "dense_vs_titan", "diagnostics", "kernels",
           "inspect_moe"]
-LAYOUTS = ["titan_cp2", "qwen3_tp2", "deepseek_ep2"]  # SKIP without 2 GPUs
+LAYOUTS = ["titan_cp2", "dense_cp2", "moe_cp2", "moe_mla_cp2", "qwen3_tp2", "deepseek_ep2"]  # SKIP without 2 GPUs
 FAKE = REPO / "tests" / "scripts" / "gpu_check_fake.py"
 
 
@@ -599,13 +599,13 @@ def test_dry_run_passes_every_check_through_the_real_cli(dry_run):
     table = proc.stdout[proc.stdout.index("check          status"):].splitlines()[2:]
     assert [line.split()[0] for line in table[:len(CHECKS) + len(LAYOUTS)]] == [*CHECKS, *LAYOUTS]
     assert all(" PASS " in line for line in table[:len(CHECKS)])
-    assert all("SKIP" in line and "needs 2 CUDA devices, a CPU here" in line for line in table[len(CHECKS):][:3])
-    assert "8/8 passed, 3 skipped, 0 not run" in proc.stdout
+    assert all("SKIP" in line and "needs 2 CUDA devices, a CPU here" in line for line in table[len(CHECKS):][:6])
+    assert "8/8 passed, 6 skipped, 0 not run" in proc.stdout
 
     # the report folder: what comes back from a GPU machine; the scratch is gone
     assert assert_report_fits(report_dir) == ["console.log", "gpu_check.json", "logs.tar.gz", "summary.txt"]
     assert not scratch.exists()
-    assert "8/8 passed, 3 skipped, 0 not run" in (report_dir / "summary.txt").read_text()
+    assert "8/8 passed, 6 skipped, 0 not run" in (report_dir / "summary.txt").read_text()
     assert "ready after" in (report_dir / "console.log").read_text()  # the install's lines too
     with tarfile.open(report_dir / "logs.tar.gz") as tar:
         names = tar.getnames()

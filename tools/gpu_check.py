@@ -22,9 +22,11 @@ it ran, and a figure that needs another check's run reads "not measured" without
   kernels, inspect_moe
                  the SDPA kernel of every attention kind (none the math kernel on a GPU);
                  `gamma-titan inspect` of every MoE config and flavor
-  titan_cp2, qwen3_tp2, deepseek_ep2
-                 TorchTitan's models with the knobs: context, tensor and expert parallelism
-                 on 2 GPUs against one, in bf16, within a measured tolerance; SKIP on one GPU
+  titan_cp2, dense_cp2, moe_cp2, moe_mla_cp2, qwen3_tp2, deepseek_ep2
+                 context parallelism (TorchTitan's llama3, gamma_dense, gamma_moe MHA and
+                 MLA), TorchTitan's qwen3 tensor and deepseek_v3 expert parallelism, with
+                 the knobs, on 2 GPUs against one, in bf16, within a measured tolerance;
+                 SKIP on one GPU
 
 The plan (each check's budget and their sum) is printed first. A check that outlives its
 budget is killed with every process it started (torchrun's workers included) and marked

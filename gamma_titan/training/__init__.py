@@ -4,6 +4,7 @@
   preflight     every check that can run before a process group starts (one-line errors)
   derive        settings a config leaves to the machine (HSDP, expert-parallel degree, float8 filter)
   layout        the [parallelism] degrees resolved, and the layouts refused (each naming one that works)
+  pipeline      the pipeline stages TorchTitan will cut, and the schedules and splits refused
   train_spec    registers each family's TrainSpec with our data, tokenizer, metrics, validator and DDP sums
   validator     GammaValidator: TorchTitan's Validator reading shard datasets with our loader
   optimizer     which parameters AdamW decays ([optimizer] weight_decay_policy)

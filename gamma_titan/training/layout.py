@@ -138,9 +138,8 @@ class LayoutRules:
                 return (f"parallelism.pipeline_parallel_degree = {pp}: {name} supports 1 (no pipeline parallelism)",
                         [layout.refit(world, pp=1)])
             if cp > 1 and not args.supports_context_parallel():
-                # TorchTitan's CP shards the sequence and passes positions= to the model; our
-                # rotary cache is sliced by the local length, so each shard would be rotated
-                # as if it began at position 0.
+                # TorchTitan's CP shards the sequence and passes positions= to the model: a
+                # forward without them would rotate each chunk as if it began at position 0.
                 return (f"parallelism.context_parallel_degree = {cp}: {name} supports 1 (no context parallelism)",
                         [layout.refit(world, cp=1)])
         if cp > 1 and not self.cuda:

@@ -89,15 +89,31 @@ class GammaMetricsProcessor(MetricsProcessor):
         """TorchTitan's log, plus the MoE expert load (a collective: all ranks log)."""
         from gamma_titan.models.common.moe import moe_load_metrics
 
-        group = self.parallel_dims.get_mesh("batch").get_group() if self.parallel_dims.dp_enabled else None
+        dims = self.parallel_dims
+        # the ranks that hold different tokens: the batch's, and under CP the sequence chunks'
+        group = dims.get_mesh("loss" if dims.cp_enabled else "batch").get_group() \
+            if dims.dp_enabled or dims.cp_enabled else None
+        pp_group = dims.get_mesh("pp").get_group() if dims.pp_enabled else None
         elapsed, left = self.eta.update(step)
-        extra = {**(extra_metrics or {}), **moe_load_metrics(self.model_parts or [], group),
+        extra = {**(extra_metrics or {}), **moe_load_metrics(self.model_parts or [], group, pp_group),
                  "time/elapsed_s": round(elapsed, 1), **({} if left is None else {"time/eta_s": round(left, 1)})}
         if step == 1 and self.job_config.gamma.diagnostics.enable and not self.diagnostics_attached:
             logger.warning("gamma.diagnostics.enable is true, but this trainer does not run diagnostics: "
                            "launch with -m gamma_titan.train (or gamma-titan train)")
         super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra)
         logger.info(progress_line(step, self.eta.total, elapsed, left))
+
+    def log_validation(self, loss: float, step: int, extra_metrics: dict[str, Any] | None = None):
+        """TorchTitan's, with the loss of the last pipeline stage on every stage: its 0.2
+        validator hands the other stages a placeholder (-1 / tokens), which rank 0's
+        console and TensorBoard would show (a collective: every rank validates)."""
+        dims = self.parallel_dims
+        if dims.pp_enabled:
+            pp = dims.get_mesh("pp")
+            value = [float(loss)]
+            torch.distributed.broadcast_object_list(value, group_src=pp.size() - 1, group=pp.get_group())
+            loss = value[0]
+        super().log_validation(loss, step, extra_metrics)
 
     # --- diagnostics (gamma_titan/diagnostics) ------------------------------------------
 

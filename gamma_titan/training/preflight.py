@@ -30,9 +30,12 @@ def check_parallelism(config, world_size: int, args) -> None:
     """The layout (training/layout.py: one line naming a layout that works), then what it
     needs of the other keys."""
     from gamma_titan.training.layout import LayoutRules
+    from gamma_titan.training.pipeline import check_pipeline
 
     p = config.parallelism  # each degree is an integer >= 1, or -1 where allowed (config/titan_keys.py)
     layout = LayoutRules(args, config.model.name, cuda=torch.cuda.is_available()).resolve(p, world_size)
+    if layout.pp > 1:
+        check_pipeline(config, args.pipeline_blocks(), cuda=torch.cuda.is_available())
     ep = layout.ep
     ac = config.activation_checkpoint
     if ep > 1 and ac.mode == "selective" and ac.selective_ac_option == "op" and sac_replays_fsdp_hooks():
@@ -63,6 +66,23 @@ def check_parallelism(config, world_size: int, args) -> None:
     if config.training.seq_len % layout.tp:
         raise ConfigError(f"training.seq_len = {config.training.seq_len} must be divisible by "
                           f"parallelism.tensor_parallel_degree = {layout.tp} (sequence parallelism)")
+    if layout.cp > 1:
+        check_context_parallel(config, layout, args)
+
+
+def check_context_parallel(config, layout, args) -> None:
+    """What TorchTitan's context parallelism needs of the sequence and the attention."""
+    divisor = 2 * layout.cp * layout.tp  # 2 x cp load-balanced chunks, each split by sequence parallelism
+    for section in ("training", "validation"):
+        seq_len = getattr(config, section).seq_len
+        if (section == "training" or config.validation.enable) and seq_len % divisor:
+            raise ConfigError(f"{section}.seq_len = {seq_len} must be divisible by 2 x context_parallel_degree x "
+                              f"tensor_parallel_degree = {divisor} (the sequence's load-balanced chunks)")
+    balancer, allowed = config.parallelism.context_parallel_load_balancer, args.context_parallel_balancers()
+    if balancer not in allowed:
+        names = ", ".join("none" if b is None else repr(b) for b in allowed)
+        raise ConfigError(f"parallelism.context_parallel_load_balancer = {balancer!r}: {config.model.name}'s attention "
+                          f"takes {names} (\"ptrr\" reorders a flex attention block mask)")
 
 
 def check_training(config, world_size: int) -> None:
@@ -264,6 +284,9 @@ def check_diagnostics(config, spec, args) -> None:
     if config.parallelism.pipeline_parallel_degree > 1:  # the probe runs the whole model on one rank
         raise ConfigError("gamma.diagnostics.enable = true needs parallelism.pipeline_parallel_degree = 1 "
                           "(the probe runs the whole model); set it false for pipeline-parallel runs")
+    if config.parallelism.context_parallel_degree > 1:  # and whole sequences, which CP's ring attention splits
+        raise ConfigError("gamma.diagnostics.enable = true needs parallelism.context_parallel_degree = 1 "
+                          "(the probe runs whole sequences); set it false for context-parallel runs")
     if is_shard_dataset(config.validation.dataset):  # cheap: reads probe_batch sequences
         probe_tokens(config, d.probe_batch, tokenizer=None)
     if d.cosine_params:

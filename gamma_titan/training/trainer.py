@@ -32,7 +32,7 @@ from gamma_titan.init import canonical_name
 from gamma_titan.models.common.parallelize import FLOAT8_LINEAR
 from gamma_titan.training.checkpoint import GammaCheckpointManager
 from gamma_titan.diagnostics import LiveDiagnostics, build_probe_batch, diagnostics_due
-from gamma_titan.models.common.moe import record_aux_losses, set_micro_batch_share
+from gamma_titan.models.common.moe import RoutingLedger, set_aux_grad_scale, set_micro_batch_share
 from gamma_titan.training.graceful_stop import GracefulStop
 from gamma_titan.training.step_guard import StepGuard, step_verdict
 
@@ -60,8 +60,10 @@ class GammaTrainer(Trainer):
         self.legacy_train_state = 0  # read_form: the saving run's data-parallel degree, for TorchTitan's form
         super().__init__(job_config)
         self.checkpointer = self._gamma_checkpointer(self.checkpointer)
-        for part in self.model_parts:  # the MoE auxiliary loss is weighted by it
-            set_micro_batch_share(part, 1.0 / (self._data_parallel_degree() * self.gradient_accumulation_steps))
+        self.routing = [RoutingLedger(part) for part in self.model_parts]
+        for part in self.model_parts:  # the MoE auxiliary loss is weighted by its share of the batch
+            set_micro_batch_share(part, 1.0 / (self._data_parallel_degree() * self.gradient_accumulation_steps
+                                               * self._pipeline_micro_batches()))
         self.diagnostics: LiveDiagnostics | None = None
         cfg = job_config.gamma.diagnostics
         if cfg.enable:
@@ -127,14 +129,19 @@ class GammaTrainer(Trainer):
             global_tokens = dist_utils.dist_sum(local_tokens, dims.get_mesh("batch"))
         else:
             global_tokens = local_tokens.float()
+        if dims.pp_enabled:  # see MoELayer.aux_grad_scale
+            for part in self.model_parts:
+                set_aux_grad_scale(part, global_tokens)
         losses = []
         for i, (input_dict, labels) in enumerate(microbatches):
             self._sync_ddp_gradients(last=i == len(microbatches) - 1)
             input_dict = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in input_dict.items()}
+            for ledger in self.routing:
+                ledger.start()
             losses.append(self.forward_backward_step(input_dict=input_dict, labels=labels.to(self.device),
                                                      global_valid_tokens=global_tokens).detach())
-            for part in self.model_parts:
-                record_aux_losses(part)
+            for ledger in self.routing:
+                ledger.settle(self._pipeline_micro_batches())
         if dims.pp_enabled:
             # TorchTitan's pipeline schedule back-propagates each microbatch's loss *sum*
             # (scale_grads=False): divide by the global token count, so the gradient is the
@@ -208,6 +215,12 @@ class GammaTrainer(Trainer):
         from it)."""
         return self.gradient_accumulation_steps * self.job_config.training.local_batch_size \
             * self._data_parallel_degree()
+
+    def _pipeline_micro_batches(self) -> int:
+        """The micro-batches a pipeline schedule splits each local batch into (1 without PP)."""
+        if not self.parallel_dims.pp_enabled:
+            return 1
+        return self.job_config.training.local_batch_size // self.job_config.parallelism.pipeline_parallel_microbatch_size
 
     def _data_parallel_degree(self) -> int:
         """The ranks a global batch is split over (its loss is averaged over them)."""

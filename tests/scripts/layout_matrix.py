@@ -24,6 +24,7 @@ layouts are all meant to train).
 
 import functools
 import gc
+import hashlib
 import json
 import os
 import sys
@@ -55,12 +56,17 @@ def full_parameters(model_parts) -> dict[str, torch.Tensor]:
 def compare(params: dict[str, torch.Tensor], reference: dict[str, torch.Tensor],
             initial: dict[str, torch.Tensor]) -> dict:
     """How far `params` are from the reference's: the largest absolute difference, and the
-    difference's norm over the norm of what the reference's training moved (its update)."""
-    assert params.keys() == reference.keys(), sorted(set(params) ^ set(reference))
-    diff = max((params[k] - reference[k]).abs().max().item() for k in reference)
-    off = sum(((params[k] - reference[k]).double() ** 2).sum() for k in reference).sqrt()
-    moved = sum(((reference[k] - initial[k]).double() ** 2).sum() for k in reference).sqrt()
-    return {"max_abs_diff": diff, "update_rel_diff": (off / moved).item()}
+    difference's norm over the norm of what the reference's training moved (its update).
+    A pipeline stage holds some of the parameters: those are compared, and their names
+    returned (the test checks that the stages together hold all of them); `digest` hashes
+    their bytes (for runs that must agree bit for bit)."""
+    assert params.keys() <= reference.keys(), sorted(set(params) - set(reference))
+    diff = max((params[k] - reference[k]).abs().max().item() for k in params)
+    off = sum(((params[k] - reference[k]).double() ** 2).sum() for k in params).sqrt()
+    moved = sum(((reference[k] - initial[k]).double() ** 2).sum() for k in params).sqrt()
+    digest = hashlib.sha256(b"".join(params[k].numpy().tobytes() for k in sorted(params))).hexdigest()
+    return {"max_abs_diff": diff, "update_rel_diff": (off / moved).item(), "names": sorted(params),
+            "reference_names": len(reference), "digest": digest}
 
 
 def link_checkpoint(source: Path, target: Path) -> None:

@@ -517,6 +517,17 @@ LAYOUTS = {
     "titan_cp2": Layout("configs/titan/llama3_debug.toml", 2,
                         ("--parallelism.context_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"),
                         GLOBAL_BATCH),
+    # our families: ring attention over head-tail chunks, rotary by global position; MoE
+    # with its sequence-wise balance loss summed over the 2 ranks, MLA's padded head dims
+    "dense_cp2": Layout("configs/dense/debug.toml", 2,
+                        ("--parallelism.context_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"),
+                        GLOBAL_BATCH),
+    "moe_cp2": Layout("configs/moe/debug.toml", 2,
+                      ("--parallelism.context_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"),
+                      GLOBAL_BATCH, ("--optimizer.lr", "3e-4")),
+    "moe_mla_cp2": Layout("configs/moe/debug_mla.toml", 2,
+                          ("--parallelism.context_parallel_degree", "2", "--parallelism.data_parallel_shard_degree",
+                           "1"), GLOBAL_BATCH, ("--optimizer.lr", "3e-4")),
     "qwen3_tp2": Layout("configs/titan/qwen3_debug.toml", 2,
                         ("--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"),
                         GLOBAL_BATCH),

@@ -113,8 +113,19 @@ class GammaArgs(BaseModelArgs):
         """Whether the family's TrainSpec has a pipelining function."""
         return False
 
+    def pipeline_blocks(self) -> int:
+        """The blocks a pipeline splits into stages (TorchTitan's pipeline_llm reads n_layers)."""
+        return int(self.n_layers)
+
     def supports_context_parallel(self) -> bool:
+        """Whether the family's forward takes TorchTitan's context-parallel `positions` and
+        its attention runs SDPA in a module TorchTitan's CP plan can hook."""
         return False
+
+    def context_parallel_balancers(self) -> tuple[str | None, ...]:
+        """The `context_parallel_load_balancer` values the attention can take: SDPA's causal
+        mask takes head-tail chunks (or none); "ptrr" reorders flex attention's block mask."""
+        return ("headtail", None)
 
     def unsupported_keys(self) -> dict[str, str]:
         """TorchTitan keys this family's code never reads, and why: pre-flight refuses a value

@@ -17,7 +17,7 @@ from torchtitan.protocols.model import ModelProtocol
 
 from gamma_titan.init import gamma_init_, standard_fan_in
 
-from .rope import rope_cache
+from .rope import rope_at, rope_cache
 
 
 def param_group(name: str) -> str:
@@ -68,15 +68,33 @@ class DecoderLM(ModelProtocol):
         a = self.model_args
         return rope_cache(self.rope_dim, a.max_seq_len, a.rope_theta, device=device)
 
-    def forward(self, tokens: torch.Tensor, attention_masks: None = None, *, head: bool = True) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, attention_masks: None = None, positions: torch.Tensor | None = None, *,
+                head: bool = True) -> torch.Tensor:
         """Logits; with `head=False`, the final norm's output instead (for readers of the
-        activations, such as the diagnostics' probe, which need no vocabulary matmul)."""
-        h = self.tok_embeddings(tokens)
-        rope = self.rope[: tokens.shape[1]]
+        activations, such as the diagnostics' probe, which need no vocabulary matmul).
+
+        `positions` (batch, seq) are the tokens' places in their sequences when they are
+        not 0..seq-1: TorchTitan's context parallelism passes each rank's (its chunks of the
+        sequence) and runs the attention's SDPA module as ring attention.
+
+        A pipeline stage (TorchTitan's pipeline_module_split) holds some of the blocks and
+        None for the embedding, norm or output it lacks: a stage without the embedding
+        takes the previous stage's hidden states as `tokens`, one without the head returns
+        hidden states."""
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        # the whole cache (attention takes its sequence's positions), or each token's rows
+        rope = self.rope if positions is None else rope_at(self.rope, positions)
         for layer in self.layers.values():
             h = layer(h, rope)
-        h = self.norm(h)
-        return self.output(h) if head else h
+        if self.norm is not None:
+            h = self.norm(h)
+        return self.output(h) if head and self.output is not None else h
+
+    @property
+    def freqs_cis(self) -> torch.Tensor:
+        """The rotary cache under TorchTitan's name: its 0.2 validator reads `freqs_cis` of
+        every model part under context parallelism (for a context it then never enters)."""
+        return self.rope
 
     def block_inputs(self, seq_len: int, device) -> tuple:
         """What each block takes after the hidden states, for a reader running the blocks

@@ -79,15 +79,28 @@ def balance_loss(scores: torch.Tensor, counts: torch.Tensor, top_k: int) -> torc
     return num_experts * (share * mean_score).sum()
 
 
-def sequence_balance_loss(scores: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+def sequence_balance_loss(scores: torch.Tensor, indices: torch.Tensor, sequence_group=None) -> torch.Tensor:
     """DeepSeek-V3's sequence-wise balance loss: `balance_loss` of each sequence, averaged.
-    scores (batch, seq, E), indices (batch, seq, k) of the chosen experts."""
+    scores (batch, seq, E), indices (batch, seq, k) of the chosen experts.
+
+    Under context parallelism a rank holds part of each sequence: `sequence_group` (the CP
+    ranks) sums the sequences' counts and scores over its ranks first, so every rank has the
+    whole sequences' loss; its gradient reaches this rank's own scores only (the others'
+    sums enter as constants), and the data-parallel gradient sum adds up the rest."""
     batch, seq, num_experts = scores.shape
     top_k = indices.shape[-1]
     counts = torch.zeros(batch, num_experts, dtype=torch.float32, device=scores.device)
     counts.scatter_add_(1, indices.reshape(batch, -1), torch.ones(batch, seq * top_k, device=scores.device))
+    score_sums = (scores / scores.sum(dim=-1, keepdim=True)).sum(dim=1)
+    if sequence_group is not None:
+        import torch.distributed._functional_collectives as funcol
+
+        counts = funcol.all_reduce(counts, "sum", sequence_group)
+        whole = funcol.all_reduce(score_sums.detach(), "sum", sequence_group)
+        score_sums = score_sums + (whole - score_sums.detach())
+        seq = seq * torch.distributed.get_world_size(sequence_group)
     share = counts / (seq * top_k)  # f per sequence
-    mean_score = (scores / scores.sum(dim=-1, keepdim=True)).mean(dim=1)  # P per sequence
+    mean_score = score_sums / seq  # P per sequence
     return num_experts * (share * mean_score).sum(dim=-1).mean()
 
 
@@ -153,9 +166,12 @@ class TokenChoiceRouter(CountsLoad, nn.Module):
 
 
 @torch.no_grad()
-def moe_load_metrics(model_parts: list[nn.Module], batch_group=None) -> dict[str, float]:
+def moe_load_metrics(model_parts: list[nn.Module], batch_group=None, pp_group=None) -> dict[str, float]:
     """Expert load since the last call, per MoE layer, summed over data-parallel ranks
-    (a collective on `batch_group`: every rank must call it), then reset.
+    (and context-parallel ones, which hold other chunks of the sequences: a collective on
+    `batch_group`, every rank must call it), then reset. Under pipeline
+    parallelism each stage measures its own layers and `pp_group` gathers them, so that
+    every stage logs every layer (and the aux loss over all of them).
 
     `moe/load_max_over_mean/layer_{i}` is the busiest expert's share over the average
     share (1 = perfectly even), `moe/load_min_over_mean/layer_{i}` the idlest's (0 = an
@@ -163,36 +179,45 @@ def moe_load_metrics(model_parts: list[nn.Module], batch_group=None) -> dict[str
     no capacity limit, so no token is ever dropped.
     """
     routers = [(name, m) for part in model_parts for name, m in part.named_modules() if isinstance(m, CountsLoad)]
-    if not routers:
-        return {}
-    loads = torch.stack([m.load for _, m in routers]).float()
-    if batch_group is not None:
-        torch.distributed.all_reduce(loads, group=batch_group)
-    for _, router in routers:
-        router.load.zero_()
-    mean = loads.mean(dim=1).clamp_min(1e-9)
-    layers = [m for part in model_parts for m in part.modules()
-              if isinstance(m, MoELayer) and m.aux_loss_sum is not None]
-    if layers:  # the global batch's mean aux loss since the last call: Σ aux·share / Σ share, over ranks
-        aux = torch.stack([torch.stack([m.aux_loss_sum, m.aux_loss_sum.new_tensor(m.aux_loss_share)])
-                           for m in layers]).sum(dim=0)
+    per_layer: dict[str, tuple[float, float]] = {}  # layer -> (max, min) over mean
+    aux_pair = [0.0, 0.0]  # Σ aux·share, Σ share over this stage's layers and the batch's ranks
+    if routers:
+        loads = torch.stack([m.load for _, m in routers]).float()
         if batch_group is not None:
-            torch.distributed.all_reduce(aux, group=batch_group)
-        for m in layers:
-            m.aux_loss_sum, m.aux_loss_share = None, 0.0
-    # Every number in one device-to-host transfer (the log step's only one for the MoE).
-    numbers = [loads.max(dim=1).values / mean, loads.min(dim=1).values / mean]
-    numbers += [(aux[0] / aux[1]).reshape(1)] if layers else []  # the mean over layers too
-    host = torch.cat(numbers).tolist()
-    n = len(routers)
+            torch.distributed.all_reduce(loads, group=batch_group)
+        for _, router in routers:
+            router.load.zero_()
+        mean = loads.mean(dim=1).clamp_min(1e-9)
+        layers = [m for part in model_parts for m in part.modules()
+                  if isinstance(m, MoELayer) and m.aux_loss_sum is not None]
+        numbers = [loads.max(dim=1).values / mean, loads.min(dim=1).values / mean]
+        if layers:  # the global batch's mean aux loss since the last call: Σ aux·share / Σ share, over ranks
+            aux = torch.stack([torch.stack([m.aux_loss_sum, m.aux_loss_sum.new_tensor(m.aux_loss_share)])
+                               for m in layers]).sum(dim=0)
+            if batch_group is not None:
+                torch.distributed.all_reduce(aux, group=batch_group)
+            for m in layers:
+                m.aux_loss_sum, m.aux_loss_share = None, 0.0
+            numbers.append(aux)
+        host = torch.cat(numbers).tolist()  # every number in one device-to-host transfer
+        n = len(routers)
+        per_layer = {name.split("layers.")[1].split(".")[0]: (host[i], host[n + i]) for i, (name, _) in enumerate(routers)}
+        if layers:
+            aux_pair = host[2 * n:]
+    if pp_group is not None:  # every stage's layers (a stage may hold none)
+        stages = [None] * torch.distributed.get_world_size(pp_group)
+        torch.distributed.all_gather_object(stages, (per_layer, aux_pair), group=pp_group)
+        per_layer = {layer: v for stage_layers, _ in stages for layer, v in stage_layers.items()}
+        aux_pair = [sum(pair[i] for _, pair in stages) for i in (0, 1)]
+    if not per_layer:
+        return {}
     metrics = {}
-    for i, (name, _) in enumerate(routers):
-        layer = name.split("layers.")[1].split(".")[0]
-        metrics[f"moe/load_max_over_mean/layer_{layer}"] = host[i]
-        metrics[f"moe/load_min_over_mean/layer_{layer}"] = host[n + i]
-    metrics["moe/load_max_over_mean"] = max(host[:n])
-    if layers:
-        metrics["moe/aux_loss"] = host[2 * n]
+    for layer, (most, least) in sorted(per_layer.items(), key=lambda kv: int(kv[0])):
+        metrics[f"moe/load_max_over_mean/layer_{layer}"] = most
+        metrics[f"moe/load_min_over_mean/layer_{layer}"] = least
+    metrics["moe/load_max_over_mean"] = max(most for most, _ in per_layer.values())
+    if aux_pair[1] > 0:
+        metrics["moe/aux_loss"] = aux_pair[0] / aux_pair[1]
     return metrics
 
 
@@ -272,9 +297,14 @@ class MoELayer(MoE):
         self.reorderer = CountingReorderer(moe_args.num_experts, moe_args.top_k)
         # The LM loss is a sum over tokens / the global token count (TorchTitan), so a
         # per-micro-batch mean aux loss is weighted by this micro-batch's share of the
-        # global batch (set_micro_batch_share).
+        # global batch (set_micro_batch_share). Under pipeline parallelism the trainer divides
+        # the gradients by the global token count after the backward (TorchTitan's schedule
+        # back-propagates loss sums): the aux gradient is multiplied by it first
+        # (set_aux_grad_scale), a buffer so that a compiled block does not specialise on it.
         self.aux_loss_weight = 1.0
-        # For the log (record_aux_losses, moe_load_metrics): Σ aux·share and Σ share since the last log.
+        self.register_buffer("aux_grad_scale", torch.ones(()), persistent=False)
+        self.sequence_group = None  # the context-parallel ranks that share each sequence (sequence_balance_loss)
+        # For the log (RoutingLedger, moe_load_metrics): Σ aux·share and Σ share since the last log.
         self.last_aux_loss: torch.Tensor | None = None
         self.aux_loss_sum: torch.Tensor | None = None
         self.aux_loss_share = 0.0
@@ -289,38 +319,112 @@ class MoELayer(MoE):
             batch, seq, _ = x.shape
             scores, indices = routed
             aux = self.router.aux_loss_coeff * sequence_balance_loss(
-                scores.view(batch, seq, -1), indices.view(batch, seq, -1))
+                scores.view(batch, seq, -1), indices.view(batch, seq, -1), self.sequence_group)
             # Kept, not summed, here: activation checkpointing runs this forward again in the
             # backward, and an op that only the rerun makes breaks selective AC's replay
-            # (record_aux_losses sums it once per micro-batch).
+            # (RoutingLedger sums it once per training micro-batch).
             self.last_aux_loss = aux.detach()
-            out = AuxLossGrad.apply(out, aux * self.aux_loss_weight)
+            out = AuxLossGrad.apply(out, aux * self.aux_loss_weight * self.aux_grad_scale)
         return out
 
     def reset_buffers(self, device) -> None:
         """Zero load counters and expert bias (see DecoderLM.init_weights)."""
         with torch.device(device):
+            self.aux_grad_scale = torch.ones(())
             self.tokens_per_expert = torch.zeros(self.experts.num_experts, dtype=torch.float32)
             if self.load_balance_coeff is not None:
                 self.expert_bias = torch.zeros(self.experts.num_experts, dtype=torch.float32)
 
 
-@torch.no_grad()
-def record_aux_losses(model: nn.Module) -> None:
-    """After a micro-batch's forward and backward: add each MoE layer's auxiliary loss,
-    weighted by the micro-batch's share of the global batch, to what the next log reports
-    (moe_load_metrics)."""
+def routing_counters(model: nn.Module) -> list[torch.Tensor]:
+    """The buffers a forward adds its routing counts to: our routers' `load` (the log) and
+    TorchTitan's `tokens_per_expert` (the expert bias's next step)."""
+    out = []
     for module in model.modules():
-        if isinstance(module, MoELayer) and module.last_aux_loss is not None:
-            weighted = module.last_aux_loss * module.aux_loss_weight
-            module.aux_loss_sum = weighted if module.aux_loss_sum is None else module.aux_loss_sum + weighted
-            module.aux_loss_share += module.aux_loss_weight
-            module.last_aux_loss = None
+        if isinstance(module, CountsLoad):
+            out.append(module.load)
+        if isinstance(module, MoE) and isinstance(getattr(module, "tokens_per_expert", None), torch.Tensor):
+            out.append(module.tokens_per_expert)
+    return out
+
+
+class RoutingLedger:
+    """What each forward of a model part adds to the MoE's routing counters and to the
+    auxiliary loss the next log reports, kept per forward until the trainer settles the
+    micro-batch, so that forwards which are not training micro-batches are taken back.
+
+    torch's pipeline schedules run a stage's forward once more than its micro-batches when
+    they infer the tensors passed between stages (at the first step, and after each switch
+    between training and evaluation), on all but the first stage on uninitialised memory:
+    left in, that forward's routing would move the expert bias and the logged load and aux
+    loss (measured on 2 stages: parameters 3-9% of the update away from one process's after
+    4 steps). The extra forwards run first, so the last `micro_batches` forwards are kept.
+    Activation checkpointing reruns blocks inside the backward, never the whole part, so
+    it adds no forward here (TorchTitan's own counters double-count those reruns, which its
+    sign-based bias step absorbs)."""
+
+    def __init__(self, part: nn.Module) -> None:
+        self.part = part  # its counters are looked up each time: reset_buffers replaces them
+        self.layers = [m for m in part.modules() if isinstance(m, MoELayer)]
+        self.before: list[list[torch.Tensor]] = []  # the counters before each forward
+        self.aux: list[list[tuple[MoELayer, torch.Tensor]]] = []  # each forward's weighted aux losses
+        if routing_counters(part) or self.layers:
+            part.register_forward_pre_hook(self._before_forward)
+            part.register_forward_hook(self._after_forward)
+
+    @torch.no_grad()
+    def _before_forward(self, module, args) -> None:
+        self.before.append([c.clone() for c in routing_counters(self.part)])
+
+    @torch.no_grad()
+    def _after_forward(self, module, args, output) -> None:
+        forward = []
+        for layer in self.layers:
+            if layer.last_aux_loss is not None:  # None under no_grad: evaluation, the probe
+                forward.append((layer, layer.last_aux_loss * layer.aux_loss_weight))
+                layer.last_aux_loss = None
+        self.aux.append(forward)
+
+    def start(self) -> None:
+        """Before a training micro-batch: forget forwards since the last (evaluation)."""
+        self.before.clear()
+        self.aux.clear()
+
+    @torch.no_grad()
+    def settle(self, micro_batches: int) -> None:
+        """After a training micro-batch that ran `micro_batches` forwards of this part:
+        take back any earlier ones, record the aux losses of these."""
+        extra = max(0, len(self.aux) - micro_batches)
+        if extra:
+            for counter, first, real in zip(routing_counters(self.part), self.before[0], self.before[extra]):
+                counter.sub_(real - first)  # counts are whole numbers: exact
+        for forward in self.aux[extra:]:
+            for layer, weighted in forward:
+                layer.aux_loss_sum = weighted if layer.aux_loss_sum is None else layer.aux_loss_sum + weighted
+                layer.aux_loss_share += layer.aux_loss_weight
+        self.start()
+
+
+def set_sequence_group(model: nn.Module, group) -> None:
+    """Tell every MoE layer which ranks hold the other chunks of its sequences (context
+    parallelism): its sequence-wise balance loss sums their counts and scores."""
+    for module in model.modules():
+        if isinstance(module, MoELayer):
+            module.sequence_group = group
 
 
 def set_micro_batch_share(model: nn.Module, share: float) -> None:
-    """Tell every MoE layer which share of the global batch one micro-batch is:
-    1 / (data-parallel degree x gradient-accumulation steps)."""
+    """Tell every MoE layer which share of the global batch one forward is:
+    1 / (data-parallel degree x gradient-accumulation steps x pipeline micro-batches)."""
     for module in model.modules():
         if isinstance(module, MoELayer):
             module.aux_loss_weight = share
+
+
+@torch.no_grad()
+def set_aux_grad_scale(model: nn.Module, scale: float | torch.Tensor) -> None:
+    """Under pipeline parallelism: the global token count the trainer will divide this
+    step's gradients by (see MoELayer.aux_grad_scale)."""
+    for module in model.modules():
+        if isinstance(module, MoELayer):
+            module.aux_grad_scale.fill_(scale)

@@ -123,3 +123,16 @@ def attention_tp_plan(attention: nn.Module, colwise, rowwise, prepare_input) -> 
     if hasattr(attention, "wq"):
         return plan | {"attention.wq": colwise()}
     return plan | {"attention.wq_a": NoParallel(), "attention.q_norm": NoParallel(), "attention.wq_b": colwise()}
+
+
+def apply_context_parallel(model: nn.Module, cp_mesh) -> None:
+    """TorchTitan's context parallelism: its CP plan on every block's SDPA module (ring
+    attention over the CP ranks' chunks of the sequence; the rotary positions come with
+    the batch, DecoderLM.forward), and the MoE layers' sequence-wise balance loss summed
+    over the ranks that share a sequence."""
+    from torchtitan.distributed.context_parallel import apply_cp_to_attention_module
+
+    from .moe import set_sequence_group
+
+    apply_cp_to_attention_module([block.attention.sdpa for block in model.layers.values()], cp_mesh, "sdpa")
+    set_sequence_group(model, cp_mesh.get_group())

@@ -59,7 +59,20 @@ class _Rotate(torch.autograd.Function):
         return _rotate(gf, cos, sin_signed[..., half:], sin_signed[..., :half]).type_as(grad), None, None
 
 
+def rope_at(rope: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The cache rows of each token's position: (batch, seq, head_dim). Under context
+    parallelism a rank holds chunks of each sequence (TorchTitan's load-balanced shards) and
+    `positions` says where in the sequence each of its tokens is."""
+    return rope[positions]
+
+
 def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-    """x: (batch, seq, heads, head_dim); rope: the cache sliced to (seq, head_dim)."""
-    parts = torch.view_as_real(rope).unsqueeze(1)  # (seq, 1, head_dim, 2): broadcast over heads
+    """x: (batch, seq, heads, head_dim); rope: the cache, (≥ seq, head_dim), whose positions
+    0..seq-1 are taken here, where the whole sequence is (a block's input may be one TP
+    rank's sequence shard, gathered before attention); or each token's own rows, (batch,
+    seq, head_dim) (`rope_at`)."""
+    if rope.dim() == 3:
+        parts = torch.view_as_real(rope).unsqueeze(2)  # (batch, seq, 1, head_dim, 2)
+    else:
+        parts = torch.view_as_real(rope[: x.shape[1]]).unsqueeze(1)  # (seq, 1, head_dim, 2): broadcast over heads
     return _Rotate.apply(x, parts[..., 0], parts[..., 1])

@@ -48,6 +48,12 @@ class DenseModelArgs(HeadShape, GammaArgs):
     def check_parallelism(self, layout) -> None:
         check_tensor_parallel(self, layout.tp, ("ffn_hidden_dim",))
 
+    def supports_pipeline_parallel(self) -> bool:
+        return True  # the decoder's forward takes a stage's cut (models/common/decoder.py)
+
+    def supports_context_parallel(self) -> bool:
+        return True  # the decoder's forward takes `positions`; attention's SDPA is a module
+
     def float8_excluded_fqns(self) -> list[str]:
         """Linear layers that stay in high precision under float8 training: the output head
         (the loss is sensitive to it), and the headwise gate (n_heads columns, 8 or 16 per

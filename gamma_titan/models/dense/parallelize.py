@@ -1,6 +1,6 @@
 """Tensor parallelism, activation checkpointing, torch.compile and FSDP2 for gamma_dense.
 
-The order is TorchTitan's: TP → AC → compile (per block) → FSDP. Everything but the TP
+The order is TorchTitan's: TP → CP → AC → compile (per block) → FSDP. Everything but the TP
 plan (models/common/parallelize.py, which adds the attention gate) is TorchTitan's own
 code: its llama3 helpers fit our module names.
 """
@@ -20,7 +20,7 @@ from torchtitan.models.llama3.infra.parallelize import (
 )
 from torchtitan.tools.logging import logger
 
-from gamma_titan.models.common.parallelize import FLOAT8_LINEAR, apply_tp
+from gamma_titan.models.common.parallelize import FLOAT8_LINEAR, apply_context_parallel, apply_tp
 
 
 def parallelize_dense(model: nn.Module, parallel_dims: ParallelDims, job_config) -> nn.Module:
@@ -34,6 +34,8 @@ def parallelize_dense(model: nn.Module, parallel_dims: ParallelDims, job_config)
             float8_tensorwise=float8 and not rowwise_recipe,
         )
         maybe_enable_async_tp(job_config, parallel_dims.get_mesh("tp"))
+    if parallel_dims.cp_enabled:
+        apply_context_parallel(model, parallel_dims.get_mesh("cp"))
 
     compile_model = job_config.compile.enable and "model" in job_config.compile.components
     if job_config.activation_checkpoint.mode != "none":

@@ -157,6 +157,12 @@ class MoEModelArgs(HeadShape, GammaArgs):
     def expert_parallel_divisor(self) -> int:
         return self.n_routed_experts
 
+    def supports_pipeline_parallel(self) -> bool:
+        return True  # the decoder's forward takes a stage's cut (models/common/decoder.py)
+
+    def supports_context_parallel(self) -> bool:
+        return True  # the decoder's forward takes `positions`; attention's SDPA is a module
+
     def unsupported_keys(self) -> dict[str, str]:
         return super().unsupported_keys() | {
             "parallelism.expert_parallel_comm_backend": "its expert parallelism is its own all-to-all "

@@ -1,7 +1,7 @@
 """Tensor and expert parallelism, activation checkpointing, torch.compile and FSDP2 for
 gamma_moe.
 
-The order is TorchTitan's: TP → EP → AC → compile (per block) → FSDP (or DDP, for
+The order is TorchTitan's: TP → CP → EP → AC → compile (per block) → FSDP (or DDP, for
 replicas without shards). Routed experts are
 sharded by expert over the `ep` mesh (which TorchTitan's ParallelDims carves out of the
 data-parallel ranks) with all-to-all token dispatch; everything else is FSDP-sharded as
@@ -25,7 +25,7 @@ from torchtitan.models.llama4.infra.parallelize import apply_compile, apply_fsdp
 from torchtitan.tools.logging import logger
 
 from gamma_titan.models.common.moe import TokenChoiceRouter
-from gamma_titan.models.common.parallelize import apply_tp
+from gamma_titan.models.common.parallelize import apply_context_parallel, apply_tp
 
 from .expert_parallel import ExpertParallel
 
@@ -41,6 +41,8 @@ def parallelize_moe(model: nn.Module, parallel_dims: ParallelDims, job_config) -
         apply_moe_ep_tp(model, tp_mesh=tp_mesh, ep_mesh=None, etp_mesh=None, ep_etp_mesh=None,
                         dual_pipe_v=False, use_deepep=False)
         maybe_enable_async_tp(job_config, tp_mesh)
+    if parallel_dims.cp_enabled:
+        apply_context_parallel(model, parallel_dims.get_mesh("cp"))
     if job_config.debug.moe_force_load_balance:  # benchmarking: every expert gets as many tokens
         for module in model.modules():
             if isinstance(module, TokenChoiceRouter):
@@ -67,7 +69,7 @@ def parallelize_moe(model: nn.Module, parallel_dims: ParallelDims, job_config) -
             parallel_dims.get_mesh(replicate + ["fsdp"]),
             param_dtype=TORCH_DTYPE_MAP[job_config.training.mixed_precision_param],
             reduce_dtype=TORCH_DTYPE_MAP[job_config.training.mixed_precision_reduce],
-            pp_enabled=False,
+            pp_enabled=parallel_dims.pp_enabled,
             cpu_offload=job_config.training.enable_cpu_offload,
             reshard_after_forward_policy=job_config.parallelism.fsdp_reshard_after_forward,
             ep_degree=parallel_dims.ep,

@@ -96,6 +96,9 @@ class TitanArgs(GammaArgs):
     def supports_context_parallel(self) -> bool:
         return True
 
+    def context_parallel_balancers(self) -> tuple[str | None, ...]:
+        return ("headtail", "ptrr", None) if getattr(self, "attn_type", "sdpa") == "flex" else ("headtail", None)
+
     def expert_parallel_needs_cuda(self) -> bool:
         return True  # TorchTitan's ExpertParallel: no CPU path for its token permutation
 
