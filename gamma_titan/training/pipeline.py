@@ -24,6 +24,10 @@ CSV_SCHEDULES = ("pipelineschedulesingle", "pipelineschedulemulti")
 ACCELERATOR_SCHEDULES = ("dualpipev",)
 #: Schedules whose two stages per rank form a V (TorchTitan's pipeline_module_split).
 V_SCHEDULES = ("zbvzerobubble", "dualpipev")
+#: Schedules that need at least as many micro-batches as stages (torch raises at build time).
+MICRO_BATCH_PER_STAGE_SCHEDULES = ("1f1b", "dualpipev")
+#: Schedules that run the micro-batches in rounds of the pipeline degree.
+ROUND_SCHEDULES = ("interleaved1f1b", "interleavedzerobubble")
 
 
 def stage_modules(config, n_layers: int) -> list[list[str]]:
@@ -76,12 +80,12 @@ def _check_micro_batches(config, n_stages: int) -> None:
     p, batch = config.parallelism, config.training.local_batch_size
     size, pp, name = p.pipeline_parallel_microbatch_size, p.pipeline_parallel_degree, p.pipeline_parallel_schedule
     n = batch // size
-    if name.lower() in ("1f1b", "dualpipev") and n < n_stages:
+    if name.lower() in MICRO_BATCH_PER_STAGE_SCHEDULES and n < n_stages:
         raise ConfigError(f"parallelism.pipeline_parallel_schedule = {name!r} needs at least as many micro-batches "
                           f"as stages ({n_stages}); training.local_batch_size / pipeline_parallel_microbatch_size = "
                           f"{batch} / {size} = {n}")
     rounds = max(1, n // pp)
-    if name.lower() in ("interleaved1f1b", "interleavedzerobubble") and n % rounds:
+    if name.lower() in ROUND_SCHEDULES and n % rounds:
         raise ConfigError(f"parallelism.pipeline_parallel_schedule = {name!r} runs the micro-batches in rounds of "
                           f"{pp}: training.local_batch_size / pipeline_parallel_microbatch_size = {batch} / {size} "
                           f"= {n} is not a multiple of {rounds}")
