@@ -9,6 +9,7 @@ import pytest
 
 from gamma_titan.config import load_job_config
 from gamma_titan.errors import ConfigError
+from gamma_titan.models import TRAIN_SPECS
 from gamma_titan.training.preflight import preflight
 from helpers import REPO
 
@@ -56,7 +57,7 @@ BATTERY = [
     (DENSE, ["--model_args.rope_theta", "-1"], 1, "model_args.rope_theta = -1.0: must be > 0"),
     (DENSE, ["--model.flavor", "huge"], 1, "model.flavor = 'huge': allowed for gamma_dense: debug, tiny-32, tiny-48, tiny-64, "
      "tiny-96, tiny-128, gpu-256, gpu-384, gpu-512, gpu-768, 0.1B, 0.3B, 0.7B, 1.5B, 7B"),
-    (DENSE, ["--model.name", "nonexistent"], 1, "model.name = 'nonexistent': allowed gamma_dense, gamma_moe, llama3, qwen3, deepseek_v3"),
+    (DENSE, ["--model.name", "nonexistent"], 1, f"model.name = 'nonexistent': allowed {', '.join(TRAIN_SPECS)}"),
     (DENSE, ["--training.steps", "0"], 1, "training.steps = 0: must be an integer >= 1"),
     (DENSE, ["--training.steps", "1.5"], 1, "training.steps = '1.5': must be an integer"),
     (DENSE, ["--model_args.rope_theta=big"], 1, "model_args.rope_theta = 'big': must be a number"),

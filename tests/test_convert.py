@@ -14,8 +14,9 @@ from helpers import hf_checkpointer, small_args
 from gamma_titan.cli import main as cli_main
 from gamma_titan.convert.dcp_io import load_model_state, save_model_state
 from gamma_titan.convert.model_record import model_record, write_model_record
+from gamma_titan.models import TRAIN_SPECS
 from gamma_titan.models.dense import GammaDense
-from gamma_titan.models.moe import GammaMoE, moe_flavors
+from gamma_titan.models.moe import moe_flavors
 
 transformers = pytest.importorskip("transformers")
 
@@ -40,7 +41,7 @@ def _train(model, steps=3):
 def _model(args, seed=0, model_name="gamma_dense", trained=False):
     """A model whose every tensor matters: gates, routers and expert biases drawn wide."""
     torch.manual_seed(seed)
-    model = (GammaMoE if model_name == "gamma_moe" else GammaDense)(args)
+    model = TRAIN_SPECS[model_name].model_cls(args)
     model.init_weights()
     if trained:
         _train(model)
@@ -192,15 +193,20 @@ def test_checkpoints_save_and_load_in_hf(variant, tmp_path, builtin_assets):
 
 def test_from_hf_finds_the_family_or_refuses(tmp_path, capsys):
     """config.json names the family (or its model_type has one reader); otherwise, or for a
-    Llama gamma_dense cannot represent, one line names the key, and nothing is written."""
+    Llama gamma_dense cannot represent, one line names the key, and nothing is written. The
+    lists of families and model types are the registry's, in its order (a new family joins them)."""
+    adapters = {name: spec.state_dict_adapter for name, spec in TRAIN_SPECS.items() if spec.state_dict_adapter}
+    packaged = [name for name, adapter in adapters.items() if "gamma_titan" in adapter.HF_MODEL_TYPES]
+    model_types = sorted({t for adapter in adapters.values() for t in adapter.HF_MODEL_TYPES})
+    assert {"gamma_dense", "gamma_moe"} <= set(packaged) and {"gamma_titan", "llama"} <= set(model_types)
     llama = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
              "intermediate_size": 96, "vocab_size": 512}
     for cfg, message in [
-        ({"model_type": "mistral"}, "model_type 'mistral' cannot be converted; allowed: gamma_titan, llama"),
-        ({"model_type": "gamma_titan"}, "model_type 'gamma_titan' is read by gamma_dense, gamma_moe; "
+        ({"model_type": "mistral"}, f"model_type 'mistral' cannot be converted; allowed: {', '.join(model_types)}\n"),
+        ({"model_type": "gamma_titan"}, f"model_type 'gamma_titan' is read by {', '.join(packaged)}; "
                                         "name one in gamma_titan_model"),
         ({**llama, "gamma_titan_model": "gamma_moe"}, "cannot be converted to gamma_moe; allowed: gamma_titan"),
-        ({**llama, "gamma_titan_model": "gpt2"}, "gamma_titan_model = 'gpt2': allowed gamma_dense, gamma_moe"),
+        ({**llama, "gamma_titan_model": "gpt2"}, f"gamma_titan_model = 'gpt2': allowed {', '.join(adapters)}\n"),
         ({k: v for k, v in llama.items() if k != "hidden_size"}, "config.json: 'hidden_size' is missing"),
         ({**llama, "attention_bias": True, "hidden_act": "gelu"},
          "this Llama uses attention_bias, hidden_act, which gamma_dense does not represent"),

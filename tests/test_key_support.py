@@ -6,6 +6,7 @@ here until it has a place."""
 import ast
 import importlib
 import inspect
+import tomllib
 import typing
 from pathlib import Path
 
@@ -15,17 +16,25 @@ from gamma_titan.config import load_job_config
 from gamma_titan.config.key_support import FAMILY_KEYS, UNREAD
 from gamma_titan.config.titan_keys import titan_fields
 from gamma_titan.errors import ConfigError
+from gamma_titan.models import TRAIN_SPECS
 from gamma_titan.training.preflight import preflight
 from helpers import REPO
 
-FAMILY_CONFIGS = {
-    "gamma_dense": ("configs/dense/debug.toml", ()),
-    "gamma_moe": ("configs/moe/debug.toml", ()),
-    "llama3": ("configs/titan/llama3_debug.toml", ()),
-    "qwen3": ("configs/titan/qwen3_debug.toml", ()),
-    "qwen3 (MoE)": ("configs/titan/qwen3_debug.toml", ("--model.flavor", "debugmodel_moe")),
-    "deepseek_v3": ("configs/titan/deepseek_v3_debug.toml", ()),
-}
+
+def debug_config(name: str) -> tuple[str, tuple[str, ...]]:
+    """The config a family's run is tried with: its debug config (configs/dense/debug.toml,
+    configs/titan/llama3_debug.toml, ...), or for a family that ships none, the dense one
+    naming the family and its first flavor."""
+    for path in sorted((REPO / "configs").glob("*/*debug.toml")):
+        if tomllib.loads(path.read_text())["model"]["name"] == name:
+            return str(path.relative_to(REPO)), ()
+    first = next(iter(TRAIN_SPECS[name].model_args))
+    return "configs/dense/debug.toml", ("--model.name", name, "--model.flavor", first)
+
+
+#: Every registered family, and qwen3's MoE flavor (another run of the same family).
+FAMILY_CONFIGS = {name: debug_config(name) for name in TRAIN_SPECS} | {
+    "qwen3 (MoE)": ("configs/titan/qwen3_debug.toml", ("--model.flavor", "debugmodel_moe"))}
 
 
 def leaf_is_read(key: str, source: str) -> bool:

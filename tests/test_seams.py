@@ -4,7 +4,10 @@ what TorchTitan's constructor sets; and no module of the package assigns over a 
 function or attribute at run time."""
 
 import ast
+import importlib
 import inspect
+import pkgutil
+from importlib.metadata import entry_points
 
 import gamma_titan  # noqa: F401  (first: TorchTitan's device detection answers "cpu" here)
 from torchtitan.components.validate import Validator
@@ -12,7 +15,8 @@ from torchtitan.hf_datasets.text_datasets import build_text_dataloader
 from torchtitan.protocols.train_spec import get_train_spec
 
 from gamma_titan.data.loader import build_dataloader
-from gamma_titan.models import TRAIN_SPECS
+from gamma_titan import models
+from gamma_titan.models import FAMILY_ENTRY_POINTS, TRAIN_SPECS
 from gamma_titan.training import train_spec  # noqa: F401  (registers the families)
 from gamma_titan.training.validator import GammaValidator, build_validator
 from helpers import REPO
@@ -33,8 +37,39 @@ def test_the_validator_sets_what_torchtitans_constructor_sets():
     assert list(inspect.signature(GammaValidator).parameters) == list(inspect.signature(Validator).parameters)
 
 
+def exported_models() -> dict[str, type]:
+    """Where each family comes from -> its model class: every module under gamma_titan/models/
+    that defines `get_train_spec` (a family's folder, or one of TorchTitan's families in
+    titan/), and every installed entry point of the families' group."""
+    exported = {}
+    for info in pkgutil.walk_packages(models.__path__, f"{models.__name__}."):
+        module = importlib.import_module(info.name)
+        export = getattr(module, "get_train_spec", None)
+        if callable(export) and export.__module__ == module.__name__:  # not one imported from elsewhere
+            exported[info.name] = export().model_cls
+    for entry in entry_points(group=FAMILY_ENTRY_POINTS):
+        exported[f"entry point {entry.value}"] = entry.load()().model_cls
+    return exported
+
+
+def test_the_registry_holds_each_family_once_and_nothing_else():
+    """A family is a folder exporting get_train_spec plus its line in TRAIN_SPECS (or an entry
+    point): a folder left out of the registry, a family registered under two names or an
+    entry that no folder exports is a mistake that nothing else would catch."""
+    exported = exported_models()
+    assert {"gamma_titan.models.dense", "gamma_titan.models.titan.llama3"} <= set(exported)  # the walk sees them
+    registered = {}
+    for name, spec in TRAIN_SPECS.items():
+        registered.setdefault(spec.model_cls, []).append(name)
+    twice = {cls.__name__: names for cls, names in registered.items() if len(names) > 1}
+    assert not twice, f"one model under several names in TRAIN_SPECS: {twice}"
+    unregistered = [source for source, cls in exported.items() if cls not in registered]
+    assert not unregistered, f"{unregistered} export get_train_spec, but TRAIN_SPECS does not hold the family"
+    stray = [names[0] for cls, names in registered.items() if cls not in exported.values()]
+    assert not stray, f"TRAIN_SPECS holds {stray}, which no folder under gamma_titan/models/ nor entry point exports"
+
+
 def test_families_export_torchtitans_components_and_training_registers_ours():
-    assert set(TRAIN_SPECS) == {"gamma_dense", "gamma_moe", "llama3", "qwen3", "deepseek_v3"}
     for name, bare in TRAIN_SPECS.items():
         registered = get_train_spec(name)
         assert bare.build_dataloader_fn is build_text_dataloader, name

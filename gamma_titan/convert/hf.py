@@ -72,7 +72,8 @@ def to_hf(checkpoint: str | Path, out: str | Path, *, dtype: str = "fp32", overw
     adapter = family_adapter(name)(args, None)
     adapter.hf_config()  # a model with no HF form is refused before anything is read or written
     if progress and getattr(adapter, "package_reason", None):
-        print(f"{name} -> GammaForCausalLM (load with trust_remote_code=True): {adapter.package_reason}",
+        print(f"{name} -> {adapter.hf_config()['architectures'][0]} (load with trust_remote_code=True): "
+              f"{adapter.package_reason}",
               file=sys.stderr)
     tokenizer_dir = Path(tokenizer or record.get("tokenizer") or "")
     if not (tokenizer_dir / TOKENIZER_FILE).is_file():

@@ -5,7 +5,8 @@ The weights' names and the architecture part of config.json come from the family
 state-dict adapter (`TrainSpec.state_dict_adapter`, see models/common/hf_layout.py). Added
 here, the same for every family: the TrainSpec name (so `from-hf` finds the family), the
 tokenizer's BOS / EOS ids and the dtype in config.json; the modeling code of
-convert/hf_package/ when config.json's `auto_map` asks for it; the tokenizer files. Both
+convert/hf_package/ when config.json's `auto_map` asks for it, with the family's own
+block file if it has one (its adapter's `HF_CODE`); the tokenizer files. Both
 `convert to-hf` and the trainer's `checkpoint.last_save_in_hf` write these.
 """
 
@@ -84,8 +85,9 @@ def write_hf_files(out: str | Path, model_name: str, adapter, tokenizer_dir: str
               "dtype": str(dtype).removeprefix("torch.")}
     (out / "config.json").write_text(json.dumps(config, indent=1) + "\n")
     if "auto_map" in config:  # transformers loads the architecture from files in the folder
-        for file in CODE_FILES:
-            shutil.copy(PACKAGE / file, out / file)
+        # a family's own block file (HFStateDictAdapter.HF_CODE); TorchTitan's families' adapters have none
+        for path in [*(PACKAGE / file for file in CODE_FILES), *getattr(adapter, "HF_CODE", ())]:
+            shutil.copy(path, out / path.name)
     for file in TOKENIZER_FILES if tokenizer_dir else ():
         if (tokenizer_dir / file).is_file():
             shutil.copy(tokenizer_dir / file, out / file)

@@ -31,6 +31,19 @@ from torch import nn
 from gamma_titan.init import canonical_name
 
 from .probe import ActivationProbe, to_host
+
+
+def reshard(model: nn.Module) -> None:
+    """Free the whole parameters a forward outside training left gathered: FSDP2 does not
+    reshard the root module after its forward (the backward would need them), so without a
+    backward the model's parameters stay the unsharded ones, which the optimizer does not
+    hold; a checkpoint saved at the same step then fails (measured: `KeyError` in
+    get_optimizer_state_dict at the first save after a probe, on 2 FSDP ranks)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 from .spectral import StableRanks, leading_rows, row_cosine
 
 PREFIX = "gamma/"
@@ -104,6 +117,7 @@ class LiveDiagnostics:
             model.train(was_training)
             for name, b in model.named_buffers():
                 b.copy_(saved[name])
+            reshard(model)
         return probe.metric_tensors()
 
     @torch.no_grad()

@@ -5,7 +5,8 @@
 * sink score per layer: attention mass on the first token (sink.py), from the layer's
   own queries and keys;
 * residual flow ‖h_L − e‖ / ‖e‖ over the whole probe batch: e is the embedding stream
-  (the first block's input), h_L the last block's output (the final norm's input);
+  (the first block's input), h_L the last block's output, read at the blocks of
+  `model.layers` whatever is inside them;
 * ε-dominated fraction per norm site: the share of positions whose RMSNorm input has
   mean square σ²(h) below 10·ε, where ε stops being negligible and the norm no longer
   sees the scale of h;
@@ -13,7 +14,10 @@
 
 Under tensor parallelism each rank sees its own heads, so head statistics are sums and
 counts, added over the TP group at the end; norm inputs are sequence-sharded DTensors
-there and are read whole (they are activations of a few sequences, not weights).
+there and are read whole (they are activations of a few sequences, not weights). The
+residual stream between blocks is each rank's local shard of the sequence there: its
+sums are added over the TP group too (were it replicated, both sums would grow by the TP
+degree alike, and the ratio would not move).
 """
 
 from __future__ import annotations
@@ -43,12 +47,15 @@ def eps_dominates(norm_eps: float, hidden_var: float) -> bool:
 GATE_CLOSED = 0.1
 
 _LAYER_SITE = re.compile(r"layers\.(\d+)\.(.+)")
-FIRST_BLOCK_NORM = "layers.0.attention_norm"
 FINAL_NORM = "norm"
 
 
 def _whole(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 class ActivationProbe:
@@ -59,7 +66,6 @@ class ActivationProbe:
         self.head_stats: dict[str, list[torch.Tensor]] = {}   # tag -> [sum, count] over local heads
         self.site_stats: dict[str, list[torch.Tensor]] = {}   # tag -> [sum, count], complete
         self._embedding: torch.Tensor | None = None
-        self._residual: tuple[torch.Tensor, torch.Tensor] | None = None
         self._handles: list = []
 
     def __enter__(self) -> "ActivationProbe":
@@ -70,6 +76,9 @@ class ActivationProbe:
             elif hasattr(module, "probe_qk"):  # an attention module (see probe_qk below)
                 layer = _LAYER_SITE.match(name).group(1)
                 self._handles.append(module.register_forward_hook(self._attention_hook(layer)))
+        blocks = list(self.model.layers.children())
+        self._handles.append(blocks[0].register_forward_pre_hook(self._stream_in))
+        self._handles.append(blocks[-1].register_forward_hook(self._stream_out))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -99,12 +108,20 @@ class ActivationProbe:
             else:
                 self._add(self.site_stats, f"eps_dominated_fraction/{'final_norm' if site == FINAL_NORM else site}",
                           dominated, count)
-            if site == FIRST_BLOCK_NORM:
-                self._embedding = h.clone()
-            elif site == FINAL_NORM and self._embedding is not None:
-                self._residual = ((h - self._embedding).pow(2).sum(), self._embedding.pow(2).sum())
 
         return hook
+
+    def _stream_in(self, block, inputs) -> None:
+        """e: the first block's input (the residual stream as the embedding leaves it)."""
+        self._embedding = _local(inputs[0]).detach().float().clone()
+
+    def _stream_out(self, block, inputs, output) -> None:
+        """h_L: the last block's output; ‖h_L − e‖² and ‖e‖², summed over the TP group at the end."""
+        if self._embedding is None:
+            return
+        h, e = _local(output).detach().float(), self._embedding
+        self._add(self.head_stats, "residual_flow/diff", (h - e).pow(2).sum(), 0)
+        self._add(self.head_stats, "residual_flow/base", e.pow(2).sum(), 0)
 
     def _attention_hook(self, layer: str):
         """An attention module says how to see inside it: `probe_qk(*inputs)` gives the
@@ -131,15 +148,16 @@ class ActivationProbe:
             sums = torch.stack([torch.stack(v) for v in self.head_stats.values()])
             if self.tp_group is not None:
                 dist.all_reduce(sums, group=self.tp_group)
-            out.update({tag: s / c for tag, (s, c) in zip(self.head_stats, sums)})
+            out.update({tag: s / c for tag, (s, c) in zip(self.head_stats, sums) if not tag.startswith("residual_flow/")})
+            if "residual_flow/diff" in self.head_stats:
+                tags = list(self.head_stats)
+                diff, base = sums[tags.index("residual_flow/diff"), 0], sums[tags.index("residual_flow/base"), 0]
+                out["residual_flow_ratio"] = diff.sqrt() / base.sqrt().clamp_min(1e-30)
         for tag, (s, c) in self.site_stats.items():
             out[tag] = s / c
         sinks = [v for k, v in out.items() if k.startswith("sink_score/layer_")]
         if sinks:
             out["sink_score/mean"] = torch.stack(sinks).mean()
-        if self._residual is not None:
-            diff, base = self._residual
-            out["residual_flow_ratio"] = diff.sqrt() / base.sqrt().clamp_min(1e-30)
         return out
 
     def metrics(self) -> dict[str, float]:

@@ -147,7 +147,8 @@ class GammaCheckpointManager(CheckpointManager):
                 write_hf_files(self._create_checkpoint_id(curr_step), self.model_record["model"], self.sd_adapter,
                                self.model_record["tokenizer"], self.export_dtype)
                 if getattr(self.sd_adapter, "package_reason", None):
-                    logger.info(f"Hugging Face save: GammaForCausalLM ({self.sd_adapter.package_reason})")
+                    architecture = self.sd_adapter.hf_config()["architectures"][0]
+                    logger.info(f"Hugging Face save: {architecture} ({self.sd_adapter.package_reason})")
 
     def _raise_if_disk_full(self, err: Exception, step: int) -> None:
         complete, _ = checkpoint_steps(self.folder)

@@ -1,5 +1,6 @@
 """gamma-titan's decoders (dense and MoE, gated attention, MHA or MLA), for transformers
-(trust_remote_code).
+(trust_remote_code). A family with another block shape ships a file of its own next to
+this one, with its block and a `GammaForCausalLM` subclass that names it (`block_class`).
 
 Written by `gamma-titan convert to-hf`; needs only torch and transformers. The same model
 as gamma_titan.models.dense / .moe (and TorchTitan's llama3, qwen3 and deepseek_v3 with
@@ -276,10 +277,10 @@ class GammaPreTrainedModel(PreTrainedModel):
 
 
 class GammaModel(GammaPreTrainedModel):
-    def __init__(self, config):
+    def __init__(self, config, block_class=GammaBlock):
         super().__init__(config)
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(GammaBlock(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(block_class(config, i) for i in range(config.num_hidden_layers))
         final_eps = config.rms_norm_eps if config.final_norm_eps is None else config.final_norm_eps
         # "dtype": PyTorch's RMSNorm default, the input dtype's machine epsilon (TorchTitan's deepseek_v3)
         self.norm = nn.RMSNorm(config.hidden_size, eps=None if final_eps == "dtype" else final_eps)
@@ -306,9 +307,13 @@ class GammaModel(GammaPreTrainedModel):
 
 
 class GammaForCausalLM(GammaPreTrainedModel, GenerationMixin):
+    #: The block (config, layer_id) -> module with forward(h, cos, sin, mask): a family with
+    #: another block shape subclasses this class in a file of its own package.
+    block_class = GammaBlock
+
     def __init__(self, config):
         super().__init__(config)
-        self.model = GammaModel(config)
+        self.model = GammaModel(config, self.block_class)
         self.output = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 

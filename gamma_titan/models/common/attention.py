@@ -19,6 +19,9 @@ ATTENTION_GATES = ("none", "headwise", "elementwise")
 
 
 class GatedAttention(nn.Module):
+    #: γ groups (models/common/decoder.py, declared_init_rule): the gate has its own
+    GAMMA_GROUPS = {"": "attention", "gate_proj.": "gate"}
+
     def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, gate: str):
         super().__init__()
         if gate not in ATTENTION_GATES:

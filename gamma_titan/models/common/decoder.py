@@ -5,8 +5,9 @@
     logits = Output(RMSNorm(h_L))
 
 Untied embeddings, no biases, no dropout. A family (dense, MoE) supplies its blocks; every
-parameter's γ group and fan-in follow from its name in TorchTitan's layout (`init_rule`),
-and initialisation is the γ rule of gamma_titan/init.py for every parameter.
+parameter's γ group and fan-in are declared by the module that holds it (`GAMMA_GROUPS`,
+`FAN_IN_DIM`: `declared_init_rule`), and initialisation is the γ rule of
+gamma_titan/init.py for every parameter.
 """
 
 from __future__ import annotations
@@ -15,42 +16,37 @@ import torch
 from torch import nn
 from torchtitan.protocols.model import ModelProtocol
 
-from gamma_titan.init import gamma_init_, standard_fan_in
+from gamma_titan.init import InitRule, canonical_name, gamma_init_, standard_fan_in
 
 from .rope import rope_at, rope_cache
 
 
-def param_group(name: str) -> str:
-    """The [gamma.init_rate_overrides] group of a weight, by its name in TorchTitan's
-    layout (which ours follows, and which TorchTitan's own models use)."""
-    if name.startswith("tok_embeddings."):
-        return "embedding"
-    if name.startswith("output."):
-        return "output"
-    if ".attention.gate_proj." in name:
-        return "gate"
-    if ".attention." in name:
-        return "attention"
-    if ".moe.router." in name:
-        return "router"
-    if ".feed_forward." in name or ".moe." in name:  # dense FFN, routed and shared experts
-        return "ffn"
-    raise KeyError(f"no γ group for parameter {name!r}")
+def declared_init_rule(model: nn.Module) -> InitRule:
+    """The `InitRule` (gamma_titan/init.py) the modules of `model` declare; no module name is
+    assumed. A module's `GAMMA_GROUPS` maps the names of the parameters under it (relative,
+    by prefix, "" for the rest) to a γ group, and the innermost declaring module decides; a
+    module's `FAN_IN_DIM` is the dimension its own weights contract (routed experts stored
+    (experts, out, in): -1), else `standard_fan_in`. Norm scales (1-D) are filled with 1."""
+    groups, fan_in_dims = {}, {}
+    for prefix, module in model.named_modules():  # outer modules first: inner ones override
+        declared = getattr(module, "GAMMA_GROUPS", None)
+        for name, _ in module.named_parameters() if declared else ():
+            match = max((p for p in declared if name.startswith(p)), key=len, default=None)
+            if match is not None:
+                groups[canonical_name(f"{prefix}.{name}" if prefix else name)] = declared[match]
+        if getattr(module, "FAN_IN_DIM", None) is not None:
+            for name, _ in module.named_parameters(recurse=False):
+                fan_in_dims[canonical_name(f"{prefix}.{name}" if prefix else name)] = module.FAN_IN_DIM
 
+    def rule(name: str, shape: tuple[int, ...]) -> tuple[str, int | None]:
+        fan_in = shape[fan_in_dims[name]] if name in fan_in_dims else standard_fan_in(shape)
+        if fan_in is None:
+            return "norm", None
+        if name not in groups:
+            raise KeyError(f"no γ group for parameter {name!r}: no module above it declares one in GAMMA_GROUPS")
+        return groups[name], fan_in
 
-def param_fan_in(name: str, shape: tuple[int, ...]) -> int | None:
-    """d_in of a weight (None: a norm scale, filled with 1). TorchTitan stores routed
-    experts as (experts, out, in): w1, w3 (E, hidden, dim), w2 (E, dim, hidden); each
-    expert contracts its last dimension."""
-    if ".moe.experts." in name:
-        return shape[-1]
-    return standard_fan_in(shape)
-
-
-def init_rule(name: str, shape: tuple[int, ...]) -> tuple[str, int | None]:
-    """(γ group, fan-in) of a parameter: the `InitRule` of gamma_titan/init.py."""
-    fan_in = param_fan_in(name, shape)
-    return ("norm" if fan_in is None else param_group(name)), fan_in
+    return rule
 
 
 class DecoderLM(ModelProtocol):
@@ -108,7 +104,13 @@ class DecoderLM(ModelProtocol):
 
     # --- initialisation -------------------------------------------------------------
 
-    init_rule = staticmethod(init_rule)  # the same for every family: names say it all
+    #: The γ groups of the skeleton's own weights (a block's modules declare theirs).
+    GAMMA_GROUPS = {"tok_embeddings.": "embedding", "output.": "output"}
+
+    @property
+    def init_rule(self) -> InitRule:
+        """(γ group, fan-in) of each parameter, as the modules declare them."""
+        return declared_init_rule(self)
 
     def init_weights(self, buffer_device: torch.device | None = None) -> None:
         """Called by TorchTitan after the model is materialised (and sharded)."""

@@ -6,6 +6,8 @@ from torch import nn
 
 
 class SwiGLU(nn.Module):
+    GAMMA_GROUPS = {"": "ffn"}  # γ groups (models/common/decoder.py, declared_init_rule)
+
     def __init__(self, dim: int, hidden_dim: int):
         super().__init__()
         self.w1 = nn.Linear(dim, hidden_dim, bias=False)

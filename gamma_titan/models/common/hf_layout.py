@@ -15,6 +15,7 @@ which stays "output.weight".
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -24,13 +25,17 @@ from gamma_titan.errors import ConfigError
 from gamma_titan.files import HF_INDEX_FILE
 
 GAMMA_MODEL_TYPE = "gamma_titan"
-GAMMA_ARCHITECTURE = {
-    "architectures": ["GammaForCausalLM"],
-    "model_type": GAMMA_MODEL_TYPE,
-    # what makes transformers load the modeling code the folder carries
-    "auto_map": {"AutoConfig": "configuration_gamma.GammaConfig",
-                 "AutoModelForCausalLM": "modeling_gamma.GammaForCausalLM"},
-}
+
+
+def gamma_architecture(model_class: str = "GammaForCausalLM", module: str = "modeling_gamma") -> dict[str, Any]:
+    """config.json's keys that make transformers load the modeling code the folder carries:
+    `GammaForCausalLM`, or a family's subclass of it in a file of its own (`HF_CODE`)."""
+    return {"architectures": [model_class], "model_type": GAMMA_MODEL_TYPE,
+            "auto_map": {"AutoConfig": "configuration_gamma.GammaConfig",
+                         "AutoModelForCausalLM": f"{module}.{model_class}"}}
+
+
+GAMMA_ARCHITECTURE = gamma_architecture()
 _OUTPUT = "output.weight"
 
 
@@ -43,6 +48,10 @@ class HFStateDictAdapter(StateDictAdapter):
     """
 
     HF_MODEL_TYPES: ClassVar[tuple[str, ...]] = ()
+    #: Modeling files of the family's own (its block as a `GammaForCausalLM` subclass),
+    #: shipped next to the shared package's (convert/hf_package/) when config.json's
+    #: `auto_map` asks for the package.
+    HF_CODE: ClassVar[tuple[Path, ...]] = ()
     #: why the model is written as GammaForCausalLM rather than a transformers class of its own
     #: (TorchTitan's families set it per model; ours have no other class)
     package_reason: str | None = None
@@ -105,9 +114,9 @@ def read_decoder_config(args, cfg: dict[str, Any]) -> None:
     args.max_seq_len = cfg.get("max_position_embeddings", args.max_seq_len)
 
 
-def gamma_config(args) -> dict[str, Any]:
-    """GammaForCausalLM's config.json for what both families hold; a family adds its own keys."""
-    return {**GAMMA_ARCHITECTURE, **decoder_config(args), "rope_theta": args.rope_theta,
+def gamma_config(args, architecture: dict[str, Any] = GAMMA_ARCHITECTURE) -> dict[str, Any]:
+    """GammaForCausalLM's config.json for what every family holds; a family adds its own keys."""
+    return {**architecture, **decoder_config(args), "rope_theta": args.rope_theta,
             "attention_gate": args.attention_gate}
 
 
@@ -132,3 +141,32 @@ def gamma_from_hf(hf_state: dict[str, Any], family: str) -> dict[str, torch.Tens
             raise ConfigError(f"HF weights: tensor {name!r} has no counterpart in {family}")
         out[name.removeprefix("model.")] = tensor
     return out
+
+
+class GammaPackageAdapter(HFStateDictAdapter):
+    """The whole adapter of a family of gated attention and SwiGLU blocks (AttentionFFNArgs)
+    whose Hugging Face form is its own block in the package: a subclass names its args
+    class (`ARGS`), its `GammaForCausalLM` subclass (`HF_CLASS`) and the file that holds it
+    (`HF_CODE`, one file, named as transformers imports it). Tensor names are ours under
+    "model.", as for every family written as the package."""
+
+    HF_MODEL_TYPES = (GAMMA_MODEL_TYPE,)
+    ARGS: ClassVar[type]
+    HF_CLASS: ClassVar[str]
+    package_reason = "no transformers class has this block"
+
+    def to_hf(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        return gamma_to_hf(state_dict)
+
+    def from_hf(self, hf_state_dict: dict[str, Any]) -> dict[str, Any]:
+        return gamma_from_hf(hf_state_dict, self.HF_CLASS)
+
+    def hf_config(self) -> dict[str, Any]:
+        return gamma_config(self.model_args, gamma_architecture(self.HF_CLASS, self.HF_CODE[0].stem))
+
+    @classmethod
+    def args_from_hf_config(cls, cfg: dict[str, Any]):
+        args = cls.ARGS()
+        read_gamma_config(args, cfg)
+        args.check()
+        return args

@@ -25,6 +25,8 @@ from .sdpa import attend
 
 
 class GatedMLA(nn.Module):
+    GAMMA_GROUPS = {"": "attention", "gate_proj.": "gate"}  # (models/common/decoder.py, declared_init_rule)
+
     def __init__(self, dim: int, n_heads: int, q_lora_rank: int, kv_lora_rank: int,
                  qk_nope_head_dim: int, qk_rope_head_dim: int, v_head_dim: int,
                  gate: str, norm_eps: float):

@@ -266,6 +266,8 @@ class RoutedExperts(GroupedExperts):
     summary, report tokens, the converters all run the model on the CPU there). "grouped"
     on a CPU runs torch's CPU grouped-GEMM fallback: how the tests take the CUDA path."""
 
+    FAN_IN_DIM = -1  # stored (experts, out, in): each expert contracts the last dimension
+
     def __init__(self, dim: int, hidden_dim: int, num_experts: int, kernel: str = "auto"):
         super().__init__(dim, hidden_dim, num_experts, use_grouped_mm=kernel != "loop")
         self.kernel = kernel
@@ -286,6 +288,10 @@ class RoutedExperts(GroupedExperts):
 
 
 class MoELayer(MoE):
+    #: γ groups (models/common/decoder.py, declared_init_rule): routed and shared experts
+    #: are feed-forward weights; the router has its own group.
+    GAMMA_GROUPS = {"": "ffn", "router.": "router"}
+
     def __init__(self, moe_args: MoEArgs, dim: int, hidden_dim: int, aux_loss_coeff: float = 0.0,
                  expert_kernel: str = "auto"):
         super().__init__(moe_args, dim=dim, hidden_dim=hidden_dim)

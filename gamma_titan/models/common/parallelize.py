@@ -1,12 +1,15 @@
 """Parallelism pieces every family shares: the tensor-parallel plan of the decoder
-(embedding, norms, output, attention of any kind, a dense SwiGLU), FSDP on gloo, and
-DDP's gradient reduction.
+(embedding, norms, output; each block's from what its modules are: attention of any kind,
+a dense SwiGLU), context parallelism, FSDP on gloo, DDP's gradient reduction, and
+`parallelize_decoder`: the whole order for a family without experts.
 
 Heads are split across TP ranks Megatron-style, as TorchTitan's llama3 plan does; the
 attention gate is column-parallel like the queries, so each rank gates its own heads.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -19,9 +22,17 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
-from torchtitan.distributed import NoParallel
+from torchtitan.config import TORCH_DTYPE_MAP
+from torchtitan.distributed import NoParallel, ParallelDims
+from torchtitan.distributed.activation_checkpoint import apply_ac
+from torchtitan.distributed.tensor_parallel import maybe_enable_async_tp
+from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list, apply_compile, apply_ddp, apply_fsdp
+from torchtitan.models.attention import ScaledDotProductAttentionWrapper
+from torchtitan.models.moe.moe import MoE
 from torchtitan.tools.logging import logger
 
+from .attention import GatedAttention
+from .ffn import SwiGLU
 from .mla import GatedMLA
 
 #: TorchTitan's `model.converters` name of float8 linear layers (torchao).
@@ -54,8 +65,20 @@ def _all_reduce_sum(group, bucket):
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
+@dataclass(frozen=True)
+class TPStyles:
+    """What a module's tensor-parallel plan is made of: torch's styles, or torchao's float8
+    ones under float8 tensorwise training, and the TP mesh."""
+
+    colwise: type
+    rowwise: type
+    prepare_input: type
+    mesh: object
+
+
 def apply_tp(model: nn.Module, tp_mesh, loss_parallel: bool, float8_tensorwise: bool) -> None:
-    """Megatron-style TP with sequence parallel norms, as TorchTitan's llama3 plan."""
+    """Megatron-style TP with sequence-parallel norms, as TorchTitan's llama3 plan; each
+    block's plan comes from its modules (`block_tp_plan`)."""
     parallelize_module(
         model,
         tp_mesh,
@@ -77,52 +100,83 @@ def apply_tp(model: nn.Module, tp_mesh, loss_parallel: bool, float8_tensorwise: 
         )
     else:
         colwise, rowwise, prepare_input = ColwiseParallel, RowwiseParallel, PrepareModuleInput
-
+    styles = TPStyles(colwise, rowwise, prepare_input, tp_mesh)
     for block in model.layers.values():
-        plan = {
-            "attention_norm": SequenceParallel(),
-            **attention_tp_plan(block.attention, colwise, rowwise, prepare_input),
-            "ffn_norm": SequenceParallel(),
-        }
-        if isinstance(block.attention, GatedMLA):
-            block.attention.tp_mesh = tp_mesh
-        if hasattr(block, "feed_forward"):  # MoE layers are planned by parallelize_moe
-            plan |= {
-                "feed_forward": prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-                "feed_forward.w1": colwise(),
-                "feed_forward.w2": rowwise(output_layouts=Shard(1)),
-                "feed_forward.w3": colwise(),
-            }
-        parallelize_module(block, tp_mesh, plan)
+        parallelize_module(block, tp_mesh, block_tp_plan(block, styles))
     logger.info(f"Applied {'Float8 tensorwise ' if float8_tensorwise else ''}tensor parallelism")
 
 
-def attention_tp_plan(attention: nn.Module, colwise, rowwise, prepare_input) -> dict:
+def block_tp_plan(block: nn.Module, styles: TPStyles) -> dict:
+    """A block's TP plan, from what its children are, whatever their names: every RMSNorm
+    child is sequence parallel (the residual stream between blocks is sharded along the
+    sequence); a child with a `tensor_parallel_plan(styles)` method, or of a type in
+    MODULE_PLANS, gets that plan (relative to itself; "" is the child itself); an MoE layer
+    is left to TorchTitan's expert plans (the MoE family's parallelize). Any other child
+    with parameters is refused: accepted and left unsplit, it would train on each rank's
+    shard of the sequence alone."""
+    plan = {}
+    for name, child in block.named_children():
+        if isinstance(child, nn.RMSNorm):
+            plan[name] = SequenceParallel()
+            continue
+        if isinstance(child, MoE):
+            continue
+        if hasattr(child, "tensor_parallel_plan"):
+            sub = child.tensor_parallel_plan(styles)
+        elif type(child) in MODULE_PLANS:
+            sub = MODULE_PLANS[type(child)](child, styles)
+        elif not any(True for _ in child.parameters()):
+            continue
+        else:
+            raise ValueError(f"tensor parallelism has no plan for {type(child).__name__} ({name!r} of "
+                             f"{type(block).__name__}): give it a tensor_parallel_plan(styles) method")
+        plan |= {f"{name}.{key}" if key else name: style for key, style in sub.items()}
+    return plan
+
+
+def swiglu_tp_plan(ffn: SwiGLU, styles: TPStyles) -> dict:
+    """The hidden width split: w1, w3 column-parallel, w2 row-parallel back to sequence shards."""
+    return {
+        "": styles.prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "w1": styles.colwise(),
+        "w2": styles.rowwise(output_layouts=Shard(1)),
+        "w3": styles.colwise(),
+    }
+
+
+def attention_tp_plan(attention: nn.Module, styles: TPStyles) -> dict:
     """Heads split across TP ranks: the projections into heads (and the gate) are
     column-parallel, the output projection row-parallel, and the attention runs on local
     tensors. In MLA the low-rank down-projections and their norms are replicated
     (NoParallel keeps their weights as replicated DTensors, so their gradients are
     complete on every rank); the up-projections into heads are column-parallel."""
-    plan = {"attention.wo": rowwise(output_layouts=Shard(1))}
+    colwise, prepare_input = styles.colwise, styles.prepare_input
+    plan = {"wo": styles.rowwise(output_layouts=Shard(1))}
     if hasattr(attention, "gate_proj"):
-        plan["attention.gate_proj"] = colwise()
+        plan["gate_proj"] = colwise()
     if not isinstance(attention, GatedMLA):
         return plan | {
-            "attention": prepare_input(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
-            "attention.wq": colwise(),
-            "attention.wk": colwise(),
-            "attention.wv": colwise(),
+            "": prepare_input(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
+            "wq": colwise(),
+            "wk": colwise(),
+            "wv": colwise(),
         }
+    attention.tp_mesh = styles.mesh  # the rotary key's gradient is summed over the ranks' heads
     plan |= {
-        "attention": prepare_input(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None),
-                                   use_local_output=True),
-        "attention.wkv_a": NoParallel(),
-        "attention.kv_norm": NoParallel(),
-        "attention.wkv_b": colwise(),
+        "": prepare_input(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None),
+                          use_local_output=True),
+        "wkv_a": NoParallel(),
+        "kv_norm": NoParallel(),
+        "wkv_b": colwise(),
     }
     if hasattr(attention, "wq"):
-        return plan | {"attention.wq": colwise()}
-    return plan | {"attention.wq_a": NoParallel(), "attention.q_norm": NoParallel(), "attention.wq_b": colwise()}
+        return plan | {"wq": colwise()}
+    return plan | {"wq_a": NoParallel(), "q_norm": NoParallel(), "wq_b": colwise()}
+
+
+#: The TP plans of the shared modules, by type (a family's own module can bring a
+#: `tensor_parallel_plan(styles)` method instead).
+MODULE_PLANS = {GatedAttention: attention_tp_plan, GatedMLA: attention_tp_plan, SwiGLU: swiglu_tp_plan}
 
 
 def apply_context_parallel(model: nn.Module, cp_mesh) -> None:
@@ -134,5 +188,53 @@ def apply_context_parallel(model: nn.Module, cp_mesh) -> None:
 
     from .moe import set_sequence_group
 
-    apply_cp_to_attention_module([block.attention.sdpa for block in model.layers.values()], cp_mesh, "sdpa")
+    sdpa = [m for m in model.modules() if isinstance(m, ScaledDotProductAttentionWrapper)]
+    apply_cp_to_attention_module(sdpa, cp_mesh, "sdpa")
     set_sequence_group(model, cp_mesh.get_group())
+
+
+def parallelize_decoder(model: nn.Module, parallel_dims: ParallelDims, job_config) -> nn.Module:
+    """TP → CP → AC → compile (per block) → FSDP (or DDP, for replicas alone), in
+    TorchTitan's order, for a decoder without experts: a family's `parallelize_fn` unless
+    it needs more (the MoE family adds expert parallelism). Everything but the TP plan
+    (`apply_tp`) is TorchTitan's llama3 code, which works on any block."""
+    if parallel_dims.tp_enabled:
+        float8 = FLOAT8_LINEAR in job_config.model.converters
+        rowwise_recipe = job_config.quantize.linear.float8.recipe_name in ("rowwise", "rowwise_with_gw_hp")
+        apply_tp(
+            model,
+            parallel_dims.get_mesh("tp"),
+            loss_parallel=not job_config.parallelism.disable_loss_parallel,
+            float8_tensorwise=float8 and not rowwise_recipe,
+        )
+        maybe_enable_async_tp(job_config, parallel_dims.get_mesh("tp"))
+    if parallel_dims.cp_enabled:
+        apply_context_parallel(model, parallel_dims.get_mesh("cp"))
+
+    compile_model = job_config.compile.enable and "model" in job_config.compile.components
+    if job_config.activation_checkpoint.mode != "none":
+        apply_ac(
+            model,
+            job_config.activation_checkpoint,
+            model_compile_enabled=compile_model,
+            op_sac_save_list=_op_sac_save_list,
+            base_folder=job_config.job.dump_folder,
+        )
+    if compile_model:
+        apply_compile(model, job_config.compile)
+
+    if parallel_dims.fsdp_enabled:
+        mesh_names = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
+        apply_fsdp(
+            model,
+            parallel_dims.get_mesh(mesh_names),
+            param_dtype=TORCH_DTYPE_MAP[job_config.training.mixed_precision_param],
+            reduce_dtype=TORCH_DTYPE_MAP[job_config.training.mixed_precision_reduce],
+            pp_enabled=parallel_dims.pp_enabled,
+            cpu_offload=job_config.training.enable_cpu_offload,
+            reshard_after_forward_policy=job_config.parallelism.fsdp_reshard_after_forward,
+        )
+        logger.info("Applied FSDP to the model")
+    elif parallel_dims.dp_replicate_enabled:  # replicas only: no other parallelism (training/layout.py)
+        apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), enable_compile=compile_model)
+    return model

@@ -33,9 +33,8 @@ from torchtitan.models.moe.moe import MoE
 from torchtitan.models.utils import trunc_normal_
 
 from gamma_titan.errors import ConfigError
-from gamma_titan.init import GammaInit, gamma_init_
+from gamma_titan.init import GammaInit, gamma_init_, standard_fan_in
 from gamma_titan.models.common.args import GammaArgs, apply_gamma, gamma_init_config
-from gamma_titan.models.common.decoder import init_rule
 
 from .moe import make_cpu_capable, reset_load
 
@@ -45,6 +44,32 @@ QKV_INIT_STD = 0.02
 
 #: [model_args] does not apply: TorchTitan's models take their shapes from their flavors.
 NO_MODEL_ARGS = ()
+
+
+def param_group(name: str) -> str:
+    """The [gamma.init_rate_overrides] group of a weight, by its name in TorchTitan's
+    layout (which all of TorchTitan's decoders share)."""
+    if name.startswith("tok_embeddings."):
+        return "embedding"
+    if name.startswith("output."):
+        return "output"
+    if ".attention.gate_proj." in name:
+        return "gate"
+    if ".attention." in name:
+        return "attention"
+    if ".moe.router." in name:
+        return "router"
+    if ".feed_forward." in name or ".moe." in name:  # dense FFN, routed and shared experts
+        return "ffn"
+    raise KeyError(f"no γ group for parameter {name!r}")
+
+
+def init_rule(name: str, shape: tuple[int, ...]) -> tuple[str, int | None]:
+    """(γ group, fan-in) of a parameter of a TorchTitan model: the `InitRule` of
+    gamma_titan/init.py. TorchTitan stores routed experts as (experts, out, in): w1, w3
+    (E, hidden, dim), w2 (E, dim, hidden); each expert contracts its last dimension."""
+    fan_in = shape[-1] if ".moe.experts." in name else standard_fan_in(shape)
+    return ("norm" if fan_in is None else param_group(name)), fan_in
 
 
 @dataclass
