@@ -142,3 +142,44 @@ def test_hugging_face_export_carries_the_block_and_gives_our_logits(runs, env, t
     gamma_titan(env, "convert", "from-hf", hf_dir, tmp_path / "back")
     original, back = load_model_state(step), load_model_state(tmp_path / "back")
     assert original.keys() == back.keys() and all(torch.equal(original[k], back[k]) for k in original)
+
+
+def test_a_block_child_without_a_tp_plan_is_refused_and_its_own_plan_is_used():
+    """The TP plan is read off the block's children: norms, shared modules by type, a
+    module's own `tensor_parallel_plan`; anything else with weights is refused by name."""
+    from torch import nn
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
+
+    from gamma_titan.models.common.parallelize import TPStyles, block_tp_plan
+
+    styles = TPStyles(ColwiseParallel, RowwiseParallel, PrepareModuleInput, mesh=None)
+    block = ParallelBlockLM(ParallelBlockArgs(dim=64, n_layers=1, n_heads=4, ffn_hidden_dim=96, vocab_size=64)).layers["0"]
+    plan = block_tp_plan(block, styles)
+    assert isinstance(plan["norm"], SequenceParallel)
+    assert {"attention", "attention.wq", "attention.wo", "attention.gate_proj", "feed_forward",
+            "feed_forward.w1", "feed_forward.w2", "feed_forward.w3"} <= set(plan)
+
+    class Scale(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(64, 64, bias=False)
+
+        def tensor_parallel_plan(self, styles):
+            return {"proj": styles.colwise()}
+
+    block.extra = Scale()
+    assert isinstance(block_tp_plan(block, styles)["extra.proj"], ColwiseParallel)
+    block.extra = nn.Linear(64, 64)
+    with pytest.raises(ValueError, match="no plan for Linear \\('extra' of ParallelBlock\\)"):
+        block_tp_plan(block, styles)
+
+
+def test_a_parameter_no_module_claims_has_no_gamma_group():
+    model = ParallelBlockLM(ParallelBlockArgs(dim=64, n_layers=1, n_heads=4, ffn_hidden_dim=96, vocab_size=64))
+    rule = model.init_rule
+    assert rule("layers.0.attention.gate_proj.weight", (64, 64)) == ("gate", 64)
+    assert rule("layers.0.feed_forward.w2.weight", (64, 96)) == ("ffn", 96)
+    assert rule("layers.0.norm.weight", (64,)) == ("norm", None)
+    model.layers["0"].extra = torch.nn.Linear(64, 64, bias=False)
+    with pytest.raises(KeyError, match="layers.0.extra.weight"):
+        model.init_rule("layers.0.extra.weight", (64, 64))

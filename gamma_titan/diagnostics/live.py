@@ -31,6 +31,7 @@ from torch import nn
 from gamma_titan.init import canonical_name
 
 from .probe import ActivationProbe, to_host
+from .spectral import StableRanks, leading_rows, row_cosine
 
 
 def reshard(model: nn.Module) -> None:
@@ -44,7 +45,7 @@ def reshard(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.reshard()
-from .spectral import StableRanks, leading_rows, row_cosine
+
 
 PREFIX = "gamma/"
 #: Row-cosine maps come every this many diagnostics intervals.

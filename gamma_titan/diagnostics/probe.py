@@ -148,11 +148,11 @@ class ActivationProbe:
             sums = torch.stack([torch.stack(v) for v in self.head_stats.values()])
             if self.tp_group is not None:
                 dist.all_reduce(sums, group=self.tp_group)
-            out.update({tag: s / c for tag, (s, c) in zip(self.head_stats, sums) if not tag.startswith("residual_flow/")})
-            if "residual_flow/diff" in self.head_stats:
-                tags = list(self.head_stats)
-                diff, base = sums[tags.index("residual_flow/diff"), 0], sums[tags.index("residual_flow/base"), 0]
-                out["residual_flow_ratio"] = diff.sqrt() / base.sqrt().clamp_min(1e-30)
+            totals = dict(zip(self.head_stats, sums))
+            flow = [totals.pop(tag, None) for tag in ("residual_flow/diff", "residual_flow/base")]
+            out.update({tag: s / c for tag, (s, c) in totals.items()})
+            if flow[0] is not None:
+                out["residual_flow_ratio"] = flow[0][0].sqrt() / flow[1][0].sqrt().clamp_min(1e-30)
         for tag, (s, c) in self.site_stats.items():
             out[tag] = s / c
         sinks = [v for k, v in out.items() if k.startswith("sink_score/layer_")]
