@@ -19,6 +19,7 @@ import torch
 from helpers import REPO, read_metrics, run_trainer
 
 from families.parallel_block import ParallelBlockArgs, ParallelBlockLM
+from families.parallel_block.model import parallel_flavors
 from gamma_titan.convert.dcp_io import load_model_state
 from gamma_titan.models import FAMILY_ENTRY_POINTS, TRAIN_SPECS
 
@@ -75,7 +76,7 @@ def test_the_family_is_not_in_this_process_registry():
 def test_inspect_counts_one_norm_per_block(env):
     report = json.loads(gamma_titan(env, "inspect", REPO / "configs" / "dense" / "debug.toml", "--json",
                                     "--model.name", NAME).stdout)
-    args = ParallelBlockArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden_dim=192, vocab_size=4096)
+    args = parallel_flavors["debug"]  # the config's flavor
     norms = args.n_layers * args.dim + args.dim  # one per block, then the final norm
     assert report["model"] == "ParallelBlockLM"
     assert report["n_params"] == args.vocab_size * args.dim + norms + args.matmul_params()

@@ -70,10 +70,9 @@ def to_hf(checkpoint: str | Path, out: str | Path, *, dtype: str = "fp32", overw
                           "point at a checkpoint/step-N folder")
     name, args, record = read_model_record(checkpoint)
     adapter = family_adapter(name)(args, None)
-    adapter.hf_config()  # a model with no HF form is refused before anything is read or written
+    architecture = adapter.hf_config()["architectures"][0]  # a model with no HF form is refused here, before any I/O
     if progress and getattr(adapter, "package_reason", None):
-        print(f"{name} -> {adapter.hf_config()['architectures'][0]} (load with trust_remote_code=True): "
-              f"{adapter.package_reason}",
+        print(f"{name} -> {architecture} (load with trust_remote_code=True): {adapter.package_reason}",
               file=sys.stderr)
     tokenizer_dir = Path(tokenizer or record.get("tokenizer") or "")
     if not (tokenizer_dir / TOKENIZER_FILE).is_file():
