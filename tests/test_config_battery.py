@@ -156,6 +156,15 @@ BATTERY = [
     (DENSE, ["--training.bogus", "1"], 1, "re:unknown option --training.bogus; allowed under training: dataloader, "),
     (DENSE, ["--model.converters", "quantize.linear.float8"], 1,
      "quantize.linear.float8.emulate must be true without an SM89+ GPU (float8 runs emulated on this machine)"),
+    # TorchTitan builds a recipe's torchao config by name and drops emulate (a CPU then ran
+    # torch's reference float8 matmul, ~30 s a step of the debug model)
+    (DENSE, ["--model.converters", "quantize.linear.float8", "--quantize.linear.float8.recipe_name", "tensorwise",
+             "--quantize.linear.float8.emulate", "true"], 1,
+     "quantize.linear.float8.emulate = true does not apply with recipe_name = 'tensorwise' (TorchTitan builds the "
+     "recipe's config without it); unset recipe_name for emulated tensorwise float8, or set emulate = false"),
+    (DENSE, ["--model.converters", "quantize.linear.float8", "--quantize.linear.float8.recipe_name", "rowwise"], 1,
+     "quantize.linear.float8.recipe_name = 'rowwise' needs an SM89+ GPU (TorchTitan never emulates a recipe); on "
+     "this machine unset it and set quantize.linear.float8.emulate = true (tensorwise float8, emulated)"),
     (DENSE, ["--checkpoint.interval", "0"], 1, "checkpoint.interval = 0: must be an integer >= 1"),
     (DENSE, ["--checkpoint.keep_latest_k", "1"], 1,
      "checkpoint.keep_latest_k = 1: must be 0 (keep all) or an integer >= 2 (TorchTitan keeps a spare while the "

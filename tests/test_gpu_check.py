@@ -632,8 +632,11 @@ def test_dry_run_passes_every_check_through_the_real_cli(dry_run):
     assert diagnostics["measured_steps"] == [1, 3] and diagnostics["overhead_at_freq_1"] > 1
     float8 = checks_["dense_float8"]
     assert float8["layers"] == float8["expected_layers"] and float8["layers"][2] == ["output"]
-    # emulated float8 against fp32: measured 2.8e-4 after 6 steps (torch 2.13), 6.1e-4 (torch 2.11)
-    assert float8["final_loss_rel_diff"] < 2e-3
+    # emulated float8 against fp32: measured 9.7e-4 after 5 steps (torch 2.13, torchao 0.18)
+    assert float8["final_loss_rel_diff"] < 5e-3
+    # emulated (TorchTitan's recipe-less path, which reads `emulate`), not torch's reference
+    # float8 matmul on the CPU (~30 s a step: what a recipe ran here)
+    assert "Float8 tensorwise scaled training active" in logs["logs/dense_float8.log"]
     assert float8["losses"] != dense["losses"]
     drill = checks_["sigterm_drill"]
     assert drill["saved"][0] == 3 and drill["last_step"] in drill["saved"] and not drill["incomplete"]

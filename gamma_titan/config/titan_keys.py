@@ -419,6 +419,13 @@ def check_titan_combinations(config) -> None:
     if f8.recipe_name is not None and f8.enable_fsdp_float8_all_gather:
         raise ConfigError(f"quantize.linear.float8.enable_fsdp_float8_all_gather = true does not work with recipe_name "
                           f"= {f8.recipe_name!r} (TorchTitan's rule: float8 all-gather is tensorwise); unset one")
+    if f8.recipe_name is not None and f8.emulate:
+        # TorchTitan 0.2 builds a recipe's torchao config by name, without emulate: the key
+        # would be accepted and ignored (on a CPU, torch's reference float8 matmul ran instead,
+        # ~30 s a step of the debug model). Emulated float8 is tensorwise, with no recipe.
+        raise ConfigError(f"quantize.linear.float8.emulate = true does not apply with recipe_name = "
+                          f"{f8.recipe_name!r} (TorchTitan builds the recipe's config without it); unset recipe_name "
+                          "for emulated tensorwise float8, or set emulate = false")
     prof = config.profiling
     if prof.enable_profiling and prof.profiler_warmup + prof.profiler_active > prof.profile_freq:
         raise ConfigError(f"profiling.profile_freq = {prof.profile_freq} must be >= profiler_warmup + "

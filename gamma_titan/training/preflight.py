@@ -148,6 +148,11 @@ def check_training(config, world_size: int) -> None:
 
         compiled = config.compile.enable and "model" in config.compile.components
         if not _cuda_capability((8, 9)):
+            recipe = config.quantize.linear.float8.recipe_name
+            if recipe is not None:
+                raise ConfigError(f"quantize.linear.float8.recipe_name = {recipe!r} needs an SM89+ GPU (TorchTitan "
+                                  "never emulates a recipe); on this machine unset it and set "
+                                  "quantize.linear.float8.emulate = true (tensorwise float8, emulated)")
             if not config.quantize.linear.float8.emulate:
                 raise ConfigError("quantize.linear.float8.emulate must be true without an SM89+ GPU "
                                   "(float8 runs emulated on this machine)")

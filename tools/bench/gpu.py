@@ -50,6 +50,12 @@ VARIANTS = {
                                         "--gamma.diagnostics.freq", "10"]),
 }
 DEFAULT_VARIANTS = list(VARIANTS)
+#: Seconds a variant may take: on a GPU, 5 x 95 s keeps the default run within 8 minutes.
+VARIANT_TIMEOUT_S = 95
+#: In a dry run, a guard against a hang, not a judgment of the CPU's speed. Measured on this
+#: 2-core machine (2026-12-05): 6-7 s a variant alone, at most 17 s beside a 2-process
+#: training, 35 s beside an 8-process one (load average 9 on 2 cores): 300 s is 8 x that.
+DRY_RUN_VARIANT_TIMEOUT_S = 300
 DEFAULT_DIAGNOSTICS_FREQ = 100  # gamma_titan.config.Diagnostics.freq
 RATIOS = [  # (name, numerator, denominator)
     ("float8 / bf16 tokens/s (gamma, gate on)", "gamma_float8", "gamma_bf16"),
@@ -76,6 +82,16 @@ def run_overrides(ns, dump: Path) -> list[str]:
     return ["--job.config_file", str(REPO / "configs/dense/1.5B.toml"), *common,
             "--compile.enable", "true", "--compile.components", "model,loss",
             "--training.mixed_precision_param", "bfloat16"]
+
+
+def variant_flags(name: str, dry_run: bool) -> tuple[str, list[str]]:
+    """The variant's model and flags; the dry run's emulated float8 takes no recipe
+    (TorchTitan builds a recipe's config without `emulate`, and preflight refuses both)."""
+    model, flags = VARIANTS[name]
+    if dry_run and "--quantize.linear.float8.recipe_name" in flags:
+        at = flags.index("--quantize.linear.float8.recipe_name")
+        flags = flags[:at] + flags[at + 2:]
+    return model, flags
 
 
 # --- one variant, in its own process -------------------------------------------------------
@@ -179,14 +195,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seq-len", type=count(1), default=4096)
     parser.add_argument("--steps", type=count(1), default=30)
     parser.add_argument("--warmup", type=count(0), default=10, help="steps left out of the medians")
-    parser.add_argument("--variant-timeout", type=count(1), default=95,
-                        help="seconds per variant (5 x 95 s keeps the default run within 8 minutes)")
+    parser.add_argument("--variant-timeout", type=count(1),
+                        help=f"seconds per variant (default {VARIANT_TIMEOUT_S}: 5 variants stay within 8 minutes; "
+                             f"with --dry-run {DRY_RUN_VARIANT_TIMEOUT_S})")
     parser.add_argument("--out", default="bench_gpu.json")
     parser.add_argument("--dry-run", action="store_true",
                         help="debug shape, 4 steps, no compile, float8 emulated: runs on the CPU")
     ns = parser.parse_args(argv)
     if ns.dry_run:
         ns.batch, ns.seq_len, ns.steps, ns.warmup = 2, 128, 4, 1
+    if ns.variant_timeout is None:
+        ns.variant_timeout = DRY_RUN_VARIANT_TIMEOUT_S if ns.dry_run else VARIANT_TIMEOUT_S
     if ns.warmup >= ns.steps:
         parser.error(f"--warmup {ns.warmup} must be below --steps {ns.steps}")
     out = Path(ns.out)
@@ -200,7 +219,7 @@ def main(argv: list[str] | None = None) -> dict:
     logs.mkdir(parents=True)
     with tempfile.TemporaryDirectory(prefix="gamma-bench-") as tmp:
         for name in ns.variants:
-            model, flags = VARIANTS[name]
+            model, flags = variant_flags(name, ns.dry_run)
             dump = Path(tmp) / name
             cmd = [sys.executable, __file__, "--run-variant", model, *run_overrides(ns, dump), *flags]
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
