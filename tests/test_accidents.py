@@ -118,7 +118,7 @@ def test_a_live_run_holds_its_folder_and_a_dead_ones_lock_does_not_block(tmp_pat
 def test_a_second_launch_into_a_live_runs_folder_is_refused_before_it_starts(tmp_path, builtin_assets):
     dump = tmp_path / "run"
     dump.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # killed below
     try:
         (dump / run_lock.LOCK_FILE).write_text(json.dumps({"host": socket.gethostname(), "pid": holder.pid,
                                                           "started": "2026-12-04T10:00:00+00:00"}))

@@ -304,7 +304,9 @@ def test_a_check_over_its_budget_is_killed_with_everything_it_started(tmp_path):
     assert not alive(grandchild)  # in a session of its own, like torchrun's workers: killed all the same
     report = json.loads(out.read_text())
     sleeper = report["checks"]["sleeper"]
-    assert sleeper["passed"] is False and sleeper["timed_out"] and 2 <= sleeper["seconds"] < 15
+    # killed at its 2 s budget, not after its own 600 s sleep (measured 2.1 s alone; the bound
+    # leaves room for a machine busy with the suite's other worker)
+    assert sleeper["passed"] is False and sleeper["timed_out"] and 2 <= sleeper["seconds"] < 60
     assert report["checks"]["quick_a"]["started"] >= sleeper["killed_at"]  # the next check came after
     table = proc.stdout[proc.stdout.index("check "):]
     assert "sleeper        FAIL (timeout)" in table and "quick_a        PASS" in table
