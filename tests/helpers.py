@@ -53,8 +53,10 @@ def trainer_command(dump: Path, *overrides: str, nproc: int = 1, config: Path = 
            **(env or {})}
     argv = ["-m", "gamma_titan.train", "--job.config_file", str(config),
             "--job.dump_folder", str(dump), *overrides]
-    if nproc > 1:
-        argv = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *argv]
+    if nproc > 1:  # the project's torchrun (gamma-titan train --nproc N runs it)
+        from gamma_titan.training.launch import TORCHRUN
+
+        argv = ["-m", TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", *argv]
     return [sys.executable, *argv], env
 
 

@@ -84,6 +84,41 @@ def test_a_full_disk_stops_the_save_in_one_line_and_the_same_command_resumes(tmp
     assert not (dump / run_lock.LOCK_FILE).exists()  # released at the end
 
 
+def test_an_asynchronous_save_that_finds_the_disk_full_names_its_own_step(tmp_path, builtin_assets):
+    """checkpoint.async_mode = "async": step 4's save is written in the background and its
+    failure surfaces only when the next save (step 6) awaits it. The line names step 4, not
+    step 6; step 4's partial folder is removed; exit 4."""
+    dump = tmp_path / "run"
+    run = (*QUIET, "--gamma.diagnostics.enable", "false", "--checkpoint.enable", "true", "--checkpoint.interval", "2",
+           "--checkpoint.keep_latest_k", "0", "--training.steps", "8", "--checkpoint.async_mode", "async")
+    full = run_trainer(dump, *run, *FAULT_INJECTION, check=False, env=faults(disk_full_at_step=4))
+    assert full.returncode == 4, full.stdout[-2000:] + full.stderr[-3000:]
+    last = full.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: checkpoint step-4: the disk is full ({dump / 'checkpoint'}: ") and \
+        "step-2 is the newest complete one" in last, last
+    assert "Traceback" not in full.stderr
+    assert checkpoint_steps(dump / "checkpoint") == ([2], [])  # step-4's partial folder is gone
+
+
+def test_a_stop_whose_asynchronous_save_finds_the_disk_full_exits_4_in_one_line(tmp_path, builtin_assets):
+    """SIGTERM with checkpoint.async_mode = "async": the stop's save is awaited before the
+    process exits; a full disk there is the same one line and exit 4, not a traceback."""
+    from test_faults import sigterm_after_three_steps
+
+    from helpers import trainer_command
+
+    dump = tmp_path / "run"
+    command, env = trainer_command(dump, *QUIET, "--gamma.diagnostics.enable", "false", "--checkpoint.enable", "true",
+                                   "--checkpoint.interval", "1000", "--training.steps", "400",
+                                   "--checkpoint.async_mode", "async", *FAULT_INJECTION,
+                                   env=faults(disk_full_at_step=",".join(map(str, range(1, 401)))))
+    code, out = sigterm_after_three_steps(command, env, dump, tmp_path / "log.txt")
+    assert code == 4, out[-3000:]
+    stopped = read_metrics(dump)[-1]["step"]
+    assert out.strip().splitlines()[-1].startswith(f"error: checkpoint step-{stopped}: the disk is full"), out[-2000:]
+    assert "Traceback" not in out and checkpoint_steps(dump / "checkpoint") == ([], [])
+
+
 def dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
@@ -110,9 +145,57 @@ def test_a_live_run_holds_its_folder_and_a_dead_ones_lock_does_not_block(tmp_pat
     # another host: alive while its heartbeat is fresh
     lock.write_text(json.dumps({**mine, "host": "elsewhere"}))
     assert run_lock.holder(dump)["host"] == "elsewhere"
+    with pytest.raises(ConfigError) as err:
+        run_lock.check_free(dump)
+    assert str(err.value).endswith(f"(it counts as gone {run_lock.STALE_SECONDS:.0f} s after its last heartbeat); if "
+                                   f"that host is down, delete {lock} to take the folder over")
     old = time.time() - run_lock.STALE_SECONDS - 1
     os.utime(lock, (old, old))
     assert run_lock.holder(dump) is None
+
+
+def test_a_requeued_slurm_job_takes_over_the_lock_of_its_earlier_start(tmp_path, monkeypatch):
+    """SLURM requeues a job under the same id with SLURM_RESTART_COUNT + 1, and its rank 0
+    may land on another node minutes later: the lock of the earlier start (another host, a
+    fresh heartbeat) does not block it; another job's lock, or this start's, does."""
+    dump = tmp_path / "run"
+    dump.mkdir()
+    lock = dump / run_lock.LOCK_FILE
+    earlier = {"host": "n1-elsewhere", "pid": 12345, "started": "2026-12-04T10:00:00+00:00", "slurm_job": "77",
+               "slurm_restart": 0}
+    lock.write_text(json.dumps(earlier))
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert run_lock.holder(dump) is None
+    held = run_lock.RunLock(dump).acquire()
+    assert json.loads(lock.read_text())["slurm_restart"] == 1
+    held.release()
+    lock.write_text(json.dumps({**earlier, "slurm_job": "78"}))  # another job
+    assert run_lock.holder(dump)["slurm_job"] == "78"
+    lock.write_text(json.dumps({**earlier, "slurm_restart": 1}))  # this very start, another host
+    with pytest.raises(ConfigError, match="SLURM job 77, started"):
+        run_lock.check_free(dump)
+
+
+def test_the_heartbeat_outlives_a_failed_touch(tmp_path, monkeypatch):
+    """A touch that fails (the file gone for a moment, as on a file server's hiccup) is said
+    once and tried again: the lock's age is fresh again once the file is back."""
+    monkeypatch.setattr(run_lock, "HEARTBEAT_SECONDS", 0.05)
+    dump = tmp_path / "run"
+    held = run_lock.RunLock(dump).acquire()
+    lock = dump / run_lock.LOCK_FILE
+    record = lock.read_text()
+    lock.unlink()
+    time.sleep(0.3)  # several failed beats
+    lock.write_text(record)
+    old = time.time() - 1000
+    os.utime(lock, (old, old))
+    deadline = time.monotonic() + 30
+    while lock.stat().st_mtime < time.time() - 500 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    held.release()
+    assert not lock.exists()
+    assert time.monotonic() < deadline, "the heartbeat stopped after its first failure"
 
 
 def test_a_second_launch_into_a_live_runs_folder_is_refused_before_it_starts(tmp_path, builtin_assets):

@@ -86,16 +86,19 @@ def sigterm_after_three_steps(command: list[str], env: dict, dump, log, timeout:
 
 
 def sigterm_then_resume(tmp_path, nproc: int, *extra: str, sig: int = signal.SIGTERM) -> None:
-    """One process: SIGTERM (or Ctrl-C's SIGINT) to it, then resume. Two: SIGTERM to
-    torchrun, which forwards it to both ranks (torchrun itself then exits 1, as it does for
-    any signal; the ranks exit cleanly)."""
+    """One process: SIGTERM (or Ctrl-C's SIGINT) to it, then resume. Two: SIGTERM to the
+    project's torchrun, which forwards it to both ranks; every rank checkpoints the same step
+    and torchrun exits 0, in one line, no traceback (torch's own exits 1 after any signal)."""
     dump = tmp_path / "run"
     command, env = trainer_command(dump, *FAST, "--checkpoint.enable", "true", "--checkpoint.interval", "1000",
                                    "--training.steps", "400", *extra, nproc=nproc)
     code, out = sigterm_after_three_steps(command, env, dump, tmp_path / "log.txt", sig=sig)
     if sig == signal.SIGINT:  # Ctrl-C: the same clean stop, no KeyboardInterrupt traceback
         assert "SIGINT: finishing this step, checkpointing it and exiting" in out and "Traceback" not in out, out[-3000:]
-    assert code == (0 if nproc == 1 else 1), out[-3000:]
+    assert code == 0 and "Traceback" not in out, out[-3000:]
+    if nproc > 1:
+        assert "gamma-titan: SIGTERM: every worker of this node checkpointed step" in out, out[-3000:]
+    assert "Training completed" not in out and "stopped at step" in out  # TorchTitan's line would be untrue
     last = read_metrics(dump)[-1]["step"]
     assert 3 <= last < 400
     assert complete_steps(dump) == ([last], [])
@@ -141,8 +144,47 @@ def test_sigterm_under_torchrun_survives_a_save_slower_than_30_seconds(tmp_path,
     env = {**env, "OMP_NUM_THREADS": "1", **faults(save_delay=SAVE_DELAY)}
     code, out = sigterm_after_three_steps(command, env, dump, tmp_path / "log.txt", timeout=SAVE_DELAY + 120)
     assert "--shutdown-timeout=360" in command and f"waiting {SAVE_DELAY} s before .metadata" in out, out[-3000:]
+    assert code == 0 and "Traceback" not in out, out[-3000:]
     last = read_metrics(dump)[-1]["step"]
     assert complete_steps(dump) == ([last], []), out[-3000:]
     assert f"SIGTERM: checkpointed step {last}" in out
     run_trainer(dump, *run, "--training.steps", str(last + 2))
     assert [r["step"] for r in read_metrics(dump)][-3:] == [last, last + 1, last + 2]
+
+
+def test_a_second_ctrl_c_under_torchrun_ends_the_command_at_once(tmp_path, builtin_assets):
+    """Ctrl-C reaches torchrun (its workers run in sessions of their own), which forwards it;
+    a second Ctrl-C while the stop's save is in flight (held 40 s here) reaches the worker as
+    torchrun's SIGTERM: it exits at once, torchrun exits 130 in one line, and the half-written
+    checkpoint is not taken for a complete one."""
+    from gamma_titan.training.launch import torchrun_command
+
+    dump = tmp_path / "run"
+    argv = ["--job.config_file", str(DEBUG_TOML), "--job.dump_folder", str(dump), *FAST, "--checkpoint.enable",
+            "true", "--checkpoint.interval", "1000", "--training.steps", "400", *FAULT_INJECTION]
+    command, env = torchrun_command(1, argv, 300.0)
+    env = {**env, "OMP_NUM_THREADS": "1", **faults(save_delay=SAVE_DELAY)}
+    log = tmp_path / "log.txt"
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 300
+            while not (dump / "metrics.jsonl").exists() or len(read_metrics(dump)) < 3:
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.2)
+            proc.send_signal(signal.SIGINT)
+            while f"waiting {SAVE_DELAY} s before .metadata" not in log.read_text():
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.2)
+            second = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=SAVE_DELAY + 60)
+            seconds = time.monotonic() - second
+        finally:
+            proc.kill()
+    out = log.read_text()
+    assert proc.returncode == 130 and seconds < SAVE_DELAY / 2, (proc.returncode, seconds, out[-3000:])
+    assert "SIGTERM after SIGINT: exiting now without a new checkpoint" in out, out[-3000:]
+    assert "Traceback" not in out and out.strip().splitlines()[-1].startswith("gamma-titan: SIGINT: local rank(s) 0")
+    complete, incomplete = complete_steps(dump)
+    assert complete == [] and len(incomplete) == 1  # the stop's save never got its .metadata

@@ -44,3 +44,20 @@ def test_killed_ranks_lose_nothing(tmp_path, builtin_assets):
     logged = read_metrics(dump)  # appended by all three runs: 1-6, 5-6, 7-8
     assert [r["step"] for r in logged] == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8]
     assert all(r["loss"] == expected[r["step"]] for r in logged), json.dumps(logged)
+
+
+def test_a_rank_that_does_not_yet_see_the_checkpoint_resumes_where_rank_0_does(tmp_path, builtin_assets):
+    """Two nodes of a shared filesystem can see the run folder differently for a while: rank
+    1 here finds no checkpoint at all (tests/scripts/fault_injection.py). Rank 0's reading is
+    every rank's: both resume from step 4, and steps 5-8 are those of an uninterrupted run."""
+    run = (*FAST, "--checkpoint.enable", "true", "--checkpoint.interval", "4", "--checkpoint.keep_latest_k", "0",
+           "--lr_scheduler.warmup_steps", "2", "--lr_scheduler.decay_ratio", "0")  # a schedule blind to training.steps
+    reference = tmp_path / "reference"
+    run_trainer(reference, *run, "--training.steps", "8", nproc=2)
+    dump = tmp_path / "run"
+    run_trainer(dump, *run, "--training.steps", "4", nproc=2)
+    resumed = run_trainer(dump, *run, *FAULT_INJECTION, "--training.steps", "8", nproc=2, timeout=300,
+                          env=faults(blind_rank=1))
+    assert "Loading the checkpoint from" in resumed.stdout + resumed.stderr
+    expected = {r["step"]: r["loss"] for r in read_metrics(reference)}
+    assert [(r["step"], r["loss"]) for r in read_metrics(dump)] == [(s, expected[s]) for s in [1, 2, 3, 4, 5, 6, 7, 8]]

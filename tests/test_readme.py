@@ -58,7 +58,7 @@ def test_the_commands_are_found():
     assert "bash tools/quickstart.sh" in lines and "bash tools/test.sh" in lines
     assert any(line.startswith("gamma-titan pretokenize --input data/raw/$src") for line in lines)
     assert any(line.startswith("gamma-titan eval hf/g1 --paper-suite") for line in lines)  # after &&
-    assert any(line.startswith("torchrun --nnodes 4") for line in lines)
+    assert any(line.startswith("python -m gamma_titan.training.torchrun --nnodes 4") for line in lines)
     assert len(lines) > 30
 
 
@@ -95,8 +95,12 @@ def test_the_quick_start_is_two_commands():
 
 
 def test_every_script_a_command_runs_exists():
+    import importlib.util
+
     for argv in commands():
-        if argv[0] in ("bash", "python", ".venv/bin/python"):
+        if argv[0] in ("python", ".venv/bin/python") and argv[1] == "-m":
+            assert importlib.util.find_spec(argv[2]) is not None, argv
+        elif argv[0] in ("bash", "python", ".venv/bin/python"):
             assert (REPO / argv[1]).is_file(), argv
 
 
@@ -137,14 +141,18 @@ def test_every_gamma_titan_command_parses_and_its_config_loads(builtin_assets):
 
 
 def test_the_torchrun_command_loads(builtin_assets):
-    """The multi-node torchrun line: what follows `-m gamma_titan.train` is a config that loads."""
-    from gamma_titan.config import load_job_config
+    """The multi-node torchrun line (the project's torchrun, whose arguments torch's own
+    parses): what follows `-m gamma_titan.train` is a config that loads."""
+    from torch.distributed.run import parse_args
 
-    lines = [argv for argv in commands() if argv[0] == "torchrun"]
+    from gamma_titan.config import load_job_config
+    from gamma_titan.training.launch import TORCHRUN
+
+    lines = [argv for argv in commands() if argv[:3] == ["python", "-m", TORCHRUN]]
     assert lines
     for argv in lines:
-        module = argv.index("-m")
-        assert argv[module + 1] == "gamma_titan.train"
+        module = argv.index("-m", 3)
+        assert argv[module + 1] == "gamma_titan.train" and parse_args(argv[3:]).nnodes == "4"
         args = argv[module + 2:]
         i = args.index("--job.config_file") + 1
         assert (REPO / args[i]).is_file()

@@ -168,22 +168,32 @@ def test_an_eps_ablation_where_eps_never_dominates_is_warned_about(builtin_asset
 
 
 def check_sbatch_script(path: Path, run, out: Path) -> None:
+    from gamma_titan.recipes.slurm import RDZV_PORT_BASE, RDZV_PORT_SPAN
+    from gamma_titan.training.launch import TORCHRUN
+
     text = path.read_text()
     subprocess.run(["bash", "-n", str(path)], check=True)
     assert f"#SBATCH --nodes={run.nodes}\n" in text and f"#SBATCH --gpus-per-node={run.gpus_per_node}\n" in text
-    assert "#SBATCH --ntasks-per-node=1\n" in text
+    assert "#SBATCH --ntasks-per-node=1\n" in text and "#SBATCH --requeue\n" in text
     assert 'nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))' in text  # head node from the node list
-    assert '--rdzv_backend=c10d --rdzv_endpoint="$head_node_ip:29500"' in text
+    assert (f'--rdzv_endpoint="$head_node_ip:$(( {RDZV_PORT_BASE} + SLURM_JOB_ID % {RDZV_PORT_SPAN} ))"') in text
     assert '--rdzv_id="$SLURM_JOB_ID"' in text and '--nnodes="$SLURM_JOB_NUM_NODES"' in text
-    assert f"--nproc_per_node={run.gpus_per_node}" in text
+    assert f"--nproc_per_node={run.gpus_per_node}" in text and f"-m {TORCHRUN} " in text
     assert f"--job.dump_folder {(out / run.name).resolve()}" in text
     assert f"--training.steps {run.steps}" in text and "-m gamma_titan.train" in text
-    assert f"#SBATCH --output={(out / run.name).resolve()}/slurm-%j.out\n" in text  # its folder: made at submission
+    # the log goes where the script is (that folder exists when the script does: submitted by
+    # hand, it starts); the resume hint names the kept script, not SLURM's spool copy
+    assert f"#SBATCH --output={(out / 'slurm').resolve()}/{run.name}-%j.out\n" in text
+    assert f"export GAMMA_TITAN_LAUNCH_COMMAND='sbatch {path.resolve()}'" in text
+    # srun in a session of its own (scancel --full signals the script's process group, and srun
+    # kills its tasks on a SIGTERM of its own); the script forwards SIGTERM to the job's steps
+    assert "setsid srun --kill-on-bad-exit=1 --label" in text
+    assert "trap 'forward USR1' USR1\n" in text and 'scancel --signal=TERM "$SLURM_JOB_ID"' in text
     # The stop (hazard 3): the grace period covers the step and an estimated full save; torchrun
-    # waits for it before SIGKILL, and SLURM's SIGTERM comes that much before the time limit.
+    # waits for it before SIGKILL, and SLURM's SIGUSR1 comes that much before the time limit.
     grace = run.stop_grace_seconds
     assert grace >= 1.5 * save_seconds(run.params, run.nodes) and grace >= 300
-    assert f"#SBATCH --signal=TERM@{math.ceil(grace) + SHUTDOWN_MARGIN_SECONDS}\n" in text
+    assert f"#SBATCH --signal=B:USR1@{math.ceil(grace) + SHUTDOWN_MARGIN_SECONDS}\n" in text
     assert f"--shutdown-timeout={math.ceil(grace) + SHUTDOWN_MARGIN_SECONDS} " in text
 
 
@@ -209,44 +219,6 @@ def test_a_torchrun_without_shutdown_timeout_gets_no_flag_and_a_warning(monkeypa
     assert not any(a.startswith("--shutdown-timeout") for a in command)
     assert "SIGKILLs the workers 30 s after forwarding SIGTERM" in launch.shutdown_warning(300)
     assert "stop_grace_seconds = 300" in launch.shutdown_warning(300) and launch.shutdown_warning(20) is None
-
-
-def _fake_sbatch(folder: Path) -> Path:
-    folder.mkdir()
-    script = folder / "sbatch"
-    script.write_text('#!/bin/bash\necho "$@" >> "$(dirname "$0")/calls"\necho "4242;cluster"\n')
-    script.chmod(0o755)
-    return folder
-
-
-def test_slurm_submits_one_job_per_unfinished_run(builtin_assets, tmp_path, monkeypatch):
-    bin_dir = _fake_sbatch(tmp_path / "bin")
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    out = tmp_path / "out"
-    runs = plan(load_recipe("gate_ablation"), "paper", allow_epochs=LIFT_EPOCHS)
-    finished = out / runs[0].name
-    finished.mkdir(parents=True)
-    (finished / "metrics.jsonl").write_text(json.dumps({"step": runs[0].steps, "loss": 2.0}) + "\n")
-    for text in ("{}", '{"recipe": "gate_ablation", "scale": "paper"}', "[1]", "{not json"):
-        (out / "recipe.json").write_text(text)  # not this plan: refused, nothing touched
-        with pytest.raises(ConfigError, match="--out"):
-            run_recipe("gate_ablation", "paper", launcher="slurm", out=str(out), allow_epochs=LIFT_EPOCHS)
-    (out / "recipe.json").unlink()
-    with pytest.raises(ConfigError, match="not empty"):
-        run_recipe("gate_ablation", "paper", launcher="slurm", out=str(out), allow_epochs=LIFT_EPOCHS)
-    (finished / "metrics.jsonl").rename(tmp_path / "metrics.jsonl")
-    finished.rmdir()
-    assert run_recipe("gate_ablation", "paper", launcher="slurm", out=str(out), allow_epochs=LIFT_EPOCHS) == 0
-    calls = (bin_dir / "calls").read_text().splitlines()
-    assert len(calls) == 4 and all(c.startswith("--parsable ") and c.endswith(".sbatch") for c in calls)
-    assert json.loads((out / "slurm" / "jobs.json").read_text()) == {r.name: "4242" for r in runs}
-    assert all((out / r.name).is_dir() for r in runs)  # made at submission: SLURM opens --output first
-    # a rerun after one run finished submits the other three only
-    finished.mkdir(exist_ok=True)
-    (tmp_path / "metrics.jsonl").rename(finished / "metrics.jsonl")
-    (bin_dir / "calls").unlink()
-    assert run_recipe("gate_ablation", "paper", launcher="slurm", out=str(out), allow_epochs=LIFT_EPOCHS) == 0
-    assert len((bin_dir / "calls").read_text().splitlines()) == 3
 
 
 def test_slurm_without_sbatch_fails_before_writing(builtin_assets, tmp_path, monkeypatch):

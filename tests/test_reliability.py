@@ -233,3 +233,68 @@ def test_moe_steps_read_the_host_once_per_layer_for_dispatch_and_once_for_the_lo
     assert transfers(one) == [2, 1, 2]
     assert transfers(ep2) == [2 + n_moe[moe] + 2, 2 + n_moe[moe], 2 + n_moe[moe] + 2]
     assert transfers(titan)[1] == n_moe[deepseek] == 5
+
+
+SHIELD_SCRIPT = """
+import multiprocessing as mp, os, signal, sys, time
+from concurrent.futures import ThreadPoolExecutor
+from gamma_titan.training.checkpoint import shielded_from_stop_signals
+
+def save_process():
+    time.sleep(3)
+
+def start_save_process():  # as DCP does: created and started in an executor thread of its own
+    process = mp.get_context("spawn").Process(target=save_process, daemon=True)
+    process.start()
+    return process
+
+if __name__ == "__main__":
+    os.setpgrp()  # as torchrun starts a worker: a session and process group of its own
+    signal.signal(signal.SIGTERM, lambda *_: print("worker: SIGTERM", flush=True))
+    with shielded_from_stop_signals(sys.argv[1] == "shielded"):  # DCP's first async save, as it starts its process
+        process = ThreadPoolExecutor(1).submit(start_save_process).result()
+    time.sleep(1)
+    os.killpg(os.getpgrp(), signal.SIGTERM)  # torchrun stopping the worker
+    process.join()
+    print(f"save process exit {process.exitcode}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode, exit_code", [("shielded", 0), ("bare", -15)])
+def test_the_background_save_process_outlives_torchruns_signal_to_the_worker(tmp_path, mode, exit_code):
+    """checkpoint.async_mode = "async_with_pinned_mem" (GPU only) saves in a process DCP spawns
+    from a thread of its own at the first save; torchrun's SIGTERM to the worker's process
+    group killed it. Started inside shielded_from_stop_signals, it lives to finish its save;
+    the worker still gets the signal."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "shield.py"
+    script.write_text(SHIELD_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines() == ["worker: SIGTERM", f"save process exit {exit_code}"], proc.stdout
+
+
+DECIDE_SCRIPT = """
+from gamma_titan.training.agreement import rank_zero_decides
+import os
+print(rank_zero_decides("finished", lambda: f"rank {os.environ['RANK']}'s reading"), flush=True)
+"""
+
+
+def test_every_rank_takes_rank_0s_reading_of_the_run_folder_before_the_process_group(tmp_path):
+    """Through torchrun's rendezvous store (a real TCPStore here, as torchrun's agent holds
+    it): each rank would read the folder its own way; all return rank 0's answer."""
+    import subprocess
+    import sys
+
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port),
+           "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RUN_ID": "test", "TORCHELASTIC_RESTART_COUNT": "0"}
+    procs = [subprocess.Popen([sys.executable, "-c", DECIDE_SCRIPT], env={**env, "RANK": str(rank)},
+                              stdout=subprocess.PIPE, text=True) for rank in (1, 0)]  # rank 1 asks first: it waits
+    outs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0] and outs == ["rank 0's reading"] * 2

@@ -45,6 +45,13 @@ def test_extending_a_finished_run_continues_it_bitwise(tmp_path, builtin_assets)
     assert len(notes) == 1 and "decay of the learning rate now ends at step 24, not 16" in notes[0]
     assert resume_notes(load_job_config([*config_argv(dump), "--training.steps", "24",
                                          "--lr_scheduler.total_steps", "24"]), 1) == []
+    # ... and the command line says it too (the run record of this launch is written after the
+    # notes are read: before, the new record hid the previous one's steps)
+    extended = run_trainer(dump, *RUN[:-6], "--checkpoint.enable", "true", "--checkpoint.interval", "8",
+                           "--training.steps", "24")
+    out = extended.stdout + extended.stderr
+    assert "the cosine decay of the learning rate now ends at step 24, not 16" in out, out[-3000:]
+    assert [r["step"] for r in read_metrics(dump)][-8:] == list(range(17, 25))
 
 
 def config_argv(dump):

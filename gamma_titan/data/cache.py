@@ -3,7 +3,14 @@
 Every torchrun rank calls the same `ensure_*` function at start-up. Instead of electing a
 builder rank (which needs a process group), ranks race on a file lock: the first one builds,
 the others wait and then find the finished asset. Assets are built in a temporary sibling
-folder and renamed into place, so a crash never leaves a half-built asset that looks complete.
+folder of the builder's own (named after its host and pid) and renamed into place, so a crash
+never leaves a half-built asset that looks complete.
+
+On a shared filesystem whose locks are node-local (BeeGFS by default, Lustre `localflock`,
+NFS `local_lock`), one builder per node gets the lock: each builds in its own folder, the
+first rename wins and the others discard theirs. A builder removes only the leftovers of
+builders that are gone: of this host, whose pid is dead; of another host, untouched for
+STALE_BUILD_SECONDS. It never removes a build in progress on another node.
 """
 
 from __future__ import annotations
@@ -12,7 +19,9 @@ import contextlib
 import logging
 import os
 import shutil
+import socket
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -22,8 +31,11 @@ logger = logging.getLogger(__name__)
 
 CACHE_ENV = "GAMMA_TITAN_CACHE"
 
-# Temporary build folders are named ".<final name>.tmp-<random>" next to the final folder.
+# Temporary build folders are named ".<final name>.tmp-<host>-<pid>-<random>" next to the final folder.
 _TMP_MARKER = ".tmp-"
+#: A leftover build folder of another host counts as abandoned once untouched this long (a
+#: host cannot ask whether a process on another one is alive; builds take minutes).
+STALE_BUILD_SECONDS = 6 * 3600
 
 
 def cache_dir() -> Path:
@@ -68,7 +80,8 @@ def atomic_dir(final_path: str | os.PathLike, replace: bool = False) -> Iterator
     """
     final_path = Path(final_path)
     final_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final_path.name}{_TMP_MARKER}", dir=final_path.parent))
+    owner = f"{_host()}-{os.getpid()}-"
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final_path.name}{_TMP_MARKER}{owner}", dir=final_path.parent))
     try:
         # mkdtemp makes the folder private (0700); the finished asset should be readable
         # like any other cache entry.
@@ -130,8 +143,33 @@ def build_once(
     return final_path
 
 
+def _host() -> str:
+    return socket.gethostname().replace("-", "_")
+
+
 def _remove_stale_builds(final_path: Path) -> None:
-    """Delete temporary folders left by builders that were killed (we hold the lock)."""
+    """Delete temporary folders left by builders that are gone (we hold the lock, which on a
+    node-local lock does not exclude another node's builder: its folder is left alone)."""
     prefix = f".{final_path.name}{_TMP_MARKER}"
     for leftover in final_path.parent.glob(prefix + "*"):
-        shutil.rmtree(leftover, ignore_errors=True)
+        if _abandoned(leftover.name[len(prefix):], leftover):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _abandoned(owner: str, folder: Path) -> bool:
+    """`owner` is "<host>-<pid>-<random>" (see atomic_dir); a folder of an older form, or of
+    another host, is abandoned once untouched for STALE_BUILD_SECONDS."""
+    host, _, rest = owner.partition("-")
+    pid = rest.partition("-")[0]
+    if host == _host() and pid.isdigit():
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+    try:
+        return time.time() - folder.stat().st_mtime > STALE_BUILD_SECONDS
+    except OSError:
+        return False

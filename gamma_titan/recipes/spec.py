@@ -36,6 +36,8 @@ from gamma_titan.grid_search import Tune, parse_tune
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 RECIPES_DIR = PROJECT_ROOT / "recipes"
 SCALES = ("tiny", "gpu", "paper")
+#: The scales whose runs train on CPUs (a SLURM job asks for no GPU).
+CPU_SCALES = ("tiny",)
 #: Seeds per scale when the recipe names none: the tiny scale's differences are small
 #: enough that one seed cannot tell them from noise.
 DEFAULT_SEEDS = {"tiny": (0, 1, 2), "gpu": (0,), "paper": (0,)}

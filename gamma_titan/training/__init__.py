@@ -16,6 +16,8 @@
   metrics       metrics.jsonl and TensorBoard: TorchTitan's logs plus diagnostics, MoE load, progress
   console       train.log in the run folder, colour only for a terminal, CPU noise, the last lines
   run_record    the resolved config, versions and command of each run
-  run_lock      one live run per dump folder: .run.lock (host, pid, start), stale locks ignored
+  run_lock      one live run per dump folder: .run.lock (host, pid, start, SLURM job), stale locks ignored
+  agreement     what rank 0 reads in the run folder, taken by every rank (finished? resume from which step?)
   launch        torchrun and SLURM settings (shutdown timeout, stop grace)
+  torchrun      torchrun with the exit codes a scheduler reads: 0 after a clean stop, no traceback
 """

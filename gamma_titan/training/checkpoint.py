@@ -13,24 +13,55 @@
   * the live diagnostics' warm state is saved with every checkpoint, and loaded back when
     the checkpoint resumed from holds it (one written with diagnostics off does not);
   * a save that runs out of disk stops the run in one line (DiskFullError: the folder, the
-    bytes free and needed); its partial folder is removed, the complete ones stay.
+    bytes free and needed); its partial folder is removed, the complete ones stay. An
+    asynchronous save's failure surfaces when it is awaited (the next save, or the stop):
+    it is attributed to the step that save was of;
+  * with `async_with_pinned_mem`, DCP's background save process is shielded from the stop
+    signal torchrun sends the worker's process group (shielded_from_stop_signals).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
+import signal
+import threading
 
 from torch.distributed.checkpoint import FileSystemReader
-from torchtitan.components.checkpoint import CheckpointManager
+from torchtitan.components.checkpoint import AsyncMode, CheckpointManager
 from torchtitan.tools.logging import logger
 
 from gamma_titan.files import step_folder
+from gamma_titan.training.agreement import broadcast_from_rank_zero
 from gamma_titan.training.checkpoint_folders import checkpoint_steps, purge_keeping_complete, report_incomplete_checkpoints
 from gamma_titan.training.step_guard import NonFiniteError, parameters_finite
 
 DIAGNOSTICS_STATE = "diagnostics"  # key of LiveDiagnostics in the checkpoint
+
+
+@contextlib.contextmanager
+def shielded_from_stop_signals(active: bool = True):
+    """SIGTERM and SIGINT blocked in this thread for the duration. With
+    `async_with_pinned_mem`, DCP starts its background save process (spawned from a thread
+    it creates) during the first save; both inherit the blocked mask. torchrun stops a
+    worker by signalling its whole process group, which held that process too: it died,
+    and the stop's own save failed. Shielded, it finishes the save it is given; a stop
+    signal sent meanwhile waits, blocked, for the mask to be restored."""
+    if not active or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from multiprocessing import resource_tracker
+
+    # multiprocessing starts its resource tracker at the first spawn and then unblocks
+    # SIGTERM and SIGINT in the calling thread: started here first, it leaves the mask alone
+    resource_tracker.ensure_running()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 class DiskFullError(RuntimeError):
@@ -66,6 +97,9 @@ class GammaCheckpointManager(CheckpointManager):
         self.model_parts = kwargs["model_parts"]
         self.model_record, self.device = model_record, device
         self.stopping = False  # set by the trainer once every rank agreed to stop on SIGTERM
+        self.after_stop_save = None  # called once the stop's checkpoint is complete (main.py: the run lock)
+        self._in_flight: int | None = None  # the step of an asynchronous save not yet awaited
+        self._agreed_step: int | None = None  # the step every rank resumes from (rank 0's reading)
         self._diagnostics = None
         if self.enable and model_record is not None:
             report_incomplete_checkpoints(self.folder)
@@ -84,12 +118,20 @@ class GammaCheckpointManager(CheckpointManager):
             logger.info(f"{step_folder(step)} holds no diagnostics state: the diagnostics start cold")
 
     def _resume_step(self, load_step: int) -> int:
-        if not self.enable or not os.path.isdir(self.folder):
+        """The step this run resumes from (-1: none): rank 0's reading of the folder, the same
+        on every rank (agreement.py), settled at the first call, which every rank makes."""
+        if not self.enable:
             return -1
-        if load_step != -1:
-            return load_step
-        complete, _ = checkpoint_steps(self.folder)
-        return complete[-1] if complete else -1
+        if self._agreed_step is None:
+            local = load_step if load_step != -1 else super()._find_load_step()
+            self._agreed_step = broadcast_from_rank_zero(local if os.path.isdir(self.folder) else -1)
+        return self._agreed_step
+
+    def _find_load_step(self, folder: str = "") -> int:
+        """TorchTitan's choice of the newest checkpoint, replaced by the agreed one."""
+        if folder in ("", self.folder) and self._agreed_step is not None:
+            return self._agreed_step
+        return super()._find_load_step(folder)
 
     def _holds(self, step: int, key: str) -> bool:
         try:
@@ -99,8 +141,8 @@ class GammaCheckpointManager(CheckpointManager):
         return any(k.startswith(f"{key}.") for k in keys)
 
     def load(self, step: int = -1) -> bool:
-        """TorchTitan's load; first the states that have a form of their own (the trainer's
-        train_state, the shard dataloader) are told which form the checkpoint holds."""
+        """TorchTitan's load of the agreed step; first the states that have a form of their own
+        (the trainer's train_state, the shard dataloader) are told which form it holds."""
         resume = self._resume_step(step)
         if resume > 0:
             keys = set(FileSystemReader(os.path.join(self.folder, step_folder(resume))).read_metadata()
@@ -108,7 +150,7 @@ class GammaCheckpointManager(CheckpointManager):
             for state in self.states.values():
                 if hasattr(state, "read_form"):
                     state.read_form(keys)
-        loaded = super().load(step)
+        loaded = super().load(-1)  # TorchTitan asks _find_load_step, which answers the agreed step
         for state in self.states.values():
             if hasattr(state, "read_form"):
                 state.read_form(set())  # what it saves from now on: its own form
@@ -129,14 +171,20 @@ class GammaCheckpointManager(CheckpointManager):
             raise NonFiniteError(f"step {curr_step}: parameters are not finite; not saving a checkpoint "
                                  "(the last one is intact)")
         try:
-            super().save(curr_step, last_step)
+            with shielded_from_stop_signals(self.async_mode == AsyncMode.ASYNC_WITH_PINNED_MEM):
+                super().save(curr_step, last_step)
+            if self.save_future is not None and not last_step:
+                self._in_flight = curr_step  # written in the background: its failure surfaces at the next wait
+            if self.stopping:
+                self._async_wait()  # the process exits next: an async write in flight must land first
         except BaseException as err:  # DCP's CheckpointException is a BaseException; re-raised unless the disk is full
-            if not isinstance(err, (KeyboardInterrupt, SystemExit)):
+            if not isinstance(err, (KeyboardInterrupt, SystemExit, DiskFullError)):
                 self._raise_if_disk_full(err, curr_step)
             raise
         if self.stopping:
-            self._async_wait()  # the process exits next: an async write in flight must land first
             logger.info(f"SIGTERM: checkpointed step {curr_step}")
+            if self.after_stop_save is not None:
+                self.after_stop_save()
         if self.model_record is not None and os.path.isdir(self.folder):
             from gamma_titan.convert.model_record import write_model_record
 
@@ -150,7 +198,19 @@ class GammaCheckpointManager(CheckpointManager):
                     architecture = self.sd_adapter.hf_config()["architectures"][0]
                     logger.info(f"Hugging Face save: {architecture} ({self.sd_adapter.package_reason})")
 
-    def _raise_if_disk_full(self, err: Exception, step: int) -> None:
+    def _async_wait(self) -> None:
+        """TorchTitan's wait for the asynchronous save in flight. Its failure belongs to the step
+        that save was of, not to the save about to start: a full disk names that step and
+        removes its partial folder."""
+        step, self._in_flight = self._in_flight, None
+        try:
+            super()._async_wait()
+        except BaseException as err:
+            if step is not None and not isinstance(err, (KeyboardInterrupt, SystemExit)):
+                self._raise_if_disk_full(err, step)
+            raise
+
+    def _raise_if_disk_full(self, err: BaseException, step: int) -> None:
         complete, _ = checkpoint_steps(self.folder)
         needed = folder_bytes(os.path.join(self.folder, step_folder(complete[-1]))) if complete else 0
         if not out_of_space(err, self.folder, needed):

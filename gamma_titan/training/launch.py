@@ -17,6 +17,8 @@ import sys
 
 from gamma_titan.training.run_record import LAUNCH_COMMAND_ENV
 
+#: torchrun, with exit codes a scheduler can read (0 after a clean stop): torchrun.py.
+TORCHRUN = "gamma_titan.training.torchrun"
 #: torchrun waits this long beyond the trainer's grace period before it SIGKILLs the
 #: workers, so the trainer's own watchdog (exit 143, last checkpoint intact) acts first.
 SHUTDOWN_MARGIN_SECONDS = 60
@@ -104,7 +106,7 @@ def torchrun_command(nproc: int, argv: list[str], grace_seconds: float,
     the user's command for the run record, and the CPU threads split between the ranks
     (or `threads` each). `grace_seconds`: the run's gamma.reliability.stop_grace_seconds."""
     command = [
-        sys.executable, "-u", "-m", "torch.distributed.run",  # -u: a redirected log grows line by line
+        sys.executable, "-u", "-m", TORCHRUN,  # -u: a redirected log grows line by line
         "--standalone", f"--nproc_per_node={nproc}", *shutdown_flags(grace_seconds),
         "--local-ranks-filter", "0", "--role", "rank", "--tee", "3",
         "-m", "gamma_titan.train", *argv,

@@ -16,6 +16,7 @@ from gamma_titan.config import load_job_config
 from gamma_titan.errors import EXIT_BAD_INPUT, EXIT_DISK_FULL, EXIT_NONFINITE, ConfigError
 from gamma_titan.inspect_model import format_report, inspect_model, knobs, knobs_line, tokens_per_step, \
     weight_decay_report
+from gamma_titan.training.agreement import rank_zero_decides
 from gamma_titan.training.preflight import finished_run, launch_warnings, preflight, resume_notes, \
     world_size_from_env
 
@@ -71,15 +72,22 @@ def single_process_env() -> None:
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 
 
-def run(config) -> None:
-    """TorchTitan's `torchtitan.train.main`, with an already parsed and checked config."""
+def run(config, on_stop_saved=None, graceful_stop=None) -> tuple[int, str] | None:
+    """TorchTitan's `torchtitan.train.main`, with an already parsed and checked config.
+    After a stop signal: (the step it checkpointed, the signal's name); else None.
+    `on_stop_saved` is called as soon as that checkpoint is complete; `graceful_stop`, one
+    installed before the trainer is built (a stop signal during start-up then stops it
+    after its first step)."""
+    import signal
+
     import torch
     from torchtitan.tools.logging import logger
     from gamma_titan.training.trainer import GammaTrainer
 
     trainer = None
     try:
-        trainer = GammaTrainer(config)
+        trainer = GammaTrainer(config, graceful_stop=graceful_stop)
+        trainer.checkpointer.after_stop_save = on_stop_saved
         if config.checkpoint.create_seed_checkpoint:
             if world_size_from_env() != 1:
                 raise ConfigError("checkpoint.create_seed_checkpoint needs a single process")
@@ -87,6 +95,10 @@ def run(config) -> None:
             logger.info("Created seed checkpoint")
         else:
             trainer.train()
+            if trainer.stopping:
+                received = trainer.graceful_stop.signal
+                return trainer.step, signal.Signals(received).name if received else "a stop on another rank"
+        return None
     finally:
         if trainer is not None:
             trainer.close()
@@ -102,8 +114,8 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
-    done = finished_run(config)
-    if done is not None:  # every rank sees the same folder: none starts
+    done = rank_zero_decides("finished", lambda: finished_run(config) or "") or None
+    if done is not None:  # rank 0's reading of the folder: no rank starts
         if int(os.environ.get("RANK", "0")) == 0:
             print(done)
         return
@@ -123,6 +135,7 @@ def start_up_lines(config, spec, args, log_file) -> None:
     world = world_size_from_env()
     batch = global_batch_size(config.training, data_parallel_degree(config, world))
     reads = what_it_reads(config, args.vocab_size, batch)
+    notes = resume_notes(config, world)  # before this launch's run record joins the ones they compare with
     record = write_run_record(config, world, reads=reads)
     logger.info(f"log: {log_file}; run record (resolved config, versions, command): {record}")
     for line in reads_lines(reads):
@@ -134,26 +147,31 @@ def start_up_lines(config, spec, args, log_file) -> None:
             logger.warning(line.removeprefix("WARNING: "))
     for warning in launch_warnings(config, args, world, int(os.environ.get("LOCAL_WORLD_SIZE", world))):
         logger.warning(warning.removeprefix("warning: "))  # a grace period that cannot cover the save
-    for note in resume_notes(config, world):  # another degree or global batch, data started over, a damaged one
+    for note in notes:  # another degree or global batch, data started over, a damaged one, a longer run
         logger.warning(note)
 
 
 def train(config, spec, args) -> None:
     """Train a config that pre-flight has passed (`spec`, `args`: what it returned), in this
     process: one rank of torchrun's world, or a world of one (`gamma-titan train --nproc 1`
-    calls this directly). Exits 2 when a live run holds the dump folder, 3 when the step
-    guard stops the run, 4 when a checkpoint save finds the disk full."""
+    calls this directly). Exits 0 when it finished or stopped with a checkpoint, 2 when a
+    live run holds the dump folder, 3 when the step guard stops the run, 4 when a checkpoint
+    save finds the disk full; each rank tells its node's launcher how it ended (torchrun.py)."""
     from torchtitan.tools.logging import init_logger, logger
     from torchtitan.tools.utils import device_type
 
     from gamma_titan.training import console
     from gamma_titan.training.checkpoint import DiskFullError
+    from gamma_titan.training.graceful_stop import GracefulStop
     from gamma_titan.training.run_lock import RunLock
     from gamma_titan.training.run_record import LAUNCH_COMMAND_ENV
     from gamma_titan.training.step_guard import NonFiniteError
+    from gamma_titan.training.torchrun import write_stop_report
 
     single_process_env()
     init_logger()
+    stop = GracefulStop(config.gamma.reliability.stop_grace_seconds)
+    stop.install()  # from here on a stop signal ends in a checkpoint (after step 1 if it comes this early)
     rank = int(os.environ.get("RANK", "0"))
     try:  # one live run per dump folder (run_lock.py), held by rank 0; before its log is touched
         lock = RunLock(config.job.dump_folder).acquire() if rank == 0 else None
@@ -161,6 +179,7 @@ def train(config, spec, args) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     log_file = console.set_up(config, device_type, rank)
+    code, stopped = 1, None  # how this rank ends, for the launcher (an exception leaves 1)
     try:
         if rank == 0:
             start_up_lines(config, spec, args, log_file)
@@ -169,18 +188,25 @@ def train(config, spec, args) -> None:
         described = config.job.description
         config.job.description = f"{config.model.name} {config.model.flavor}: {knobs_line(knobs(args))}" + (
             f" (config: {described!r})" if described else "")
-        run(config)
+        stopped = run(config, on_stop_saved=lock.release if lock is not None else None, graceful_stop=stop)
+        code = 0
     except NonFiniteError as e:  # [gamma.reliability]: the run stops, naming the step
+        code = EXIT_NONFINITE
         logger.error(str(e))
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(EXIT_NONFINITE)
+        sys.exit(code)
     except DiskFullError as e:  # a save that found no room: the complete checkpoints stay
+        code = EXIT_DISK_FULL
         logger.error(str(e))
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(EXIT_DISK_FULL)
+        sys.exit(code)
     finally:
         if lock is not None:
             lock.release()
+        write_stop_report(code, stopped[0] if stopped else None)
     if rank == 0:
+        if stopped is not None:  # TorchTitan's "Training completed" was held back (trainer.py)
+            step, why = stopped
+            logger.info(f"stopped at step {step} of {config.training.steps} ({why}); the same command resumes it")
         for line in console.ending(config, os.environ.get(LAUNCH_COMMAND_ENV)):
             logger.info(line)

@@ -17,6 +17,7 @@ what TorchTitan offers to override:
 
 from __future__ import annotations
 
+import logging
 import re
 
 import torch
@@ -56,7 +57,9 @@ def float8_layers(model_parts) -> str:
 
 
 class GammaTrainer(Trainer):
-    def __init__(self, job_config):
+    def __init__(self, job_config, graceful_stop: GracefulStop | None = None):
+        """`graceful_stop`: one installed before the trainer was built (main.py), so that a stop
+        signal during the start-up still ends in a checkpoint, after step 1."""
         self.legacy_train_state = 0  # read_form: the saving run's data-parallel degree, for TorchTitan's form
         super().__init__(job_config)
         self.checkpointer = self._gamma_checkpointer(self.checkpointer)
@@ -79,7 +82,7 @@ class GammaTrainer(Trainer):
             logger.info(float8_layers(self.model_parts))
         reliability = job_config.gamma.reliability
         self.guard = StepGuard(reliability)
-        self.graceful_stop = GracefulStop(reliability.stop_grace_seconds)
+        self.graceful_stop = graceful_stop or GracefulStop(reliability.stop_grace_seconds)
         self.graceful_stop.install()
         self.stopping = False  # SIGTERM agreed: checkpoint this step, then end the loop
 
@@ -181,6 +184,7 @@ class GammaTrainer(Trainer):
         verdict = step_verdict(loss, grad_norm, self.graceful_stop.requested, counts_loss=counts)
         if verdict.stop and not self.stopping:
             self.stopping = self.checkpointer.stopping = True
+            logging.getLogger().addFilter(_not_completed)  # main.py says where the run stopped instead
             if not self.job_config.checkpoint.enable:
                 logger.warning("SIGTERM with checkpoint.enable = false: stopping without a checkpoint")
         return verdict
@@ -272,5 +276,12 @@ class GammaTrainer(Trainer):
 
     def close(self) -> None:
         super().close()
+        logging.getLogger().removeFilter(_not_completed)
         if hasattr(self, "graceful_stop"):
             self.graceful_stop.uninstall()
+
+
+def _not_completed(record: logging.LogRecord) -> bool:
+    """TorchTitan's Trainer says "Training completed" whenever its loop ends; after a stop it
+    did not complete."""
+    return record.getMessage() != "Training completed"

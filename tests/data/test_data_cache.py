@@ -44,13 +44,68 @@ def test_atomic_dir_keeps_existing_result(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["asset"]
 
 
-def test_build_once_removes_stale_builds(tmp_path):
-    stale = tmp_path / f".asset{cache._TMP_MARKER}dead"
-    stale.mkdir()
+def dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_build_once_removes_the_builds_of_builders_that_are_gone_and_no_other(tmp_path):
+    """A leftover of this host whose pid is dead goes; another node's build in progress (its
+    lock node-local, so it builds while we hold ours) stays until it is STALE_BUILD_SECONDS
+    old."""
+    marker = f".asset{cache._TMP_MARKER}"
+    dead = tmp_path / f"{marker}{cache._host()}-{dead_pid()}-x1"
+    alive = tmp_path / f"{marker}{cache._host()}-{os.getpid()}-x2"
+    other_node = tmp_path / f"{marker}node_b-123-x3"
+    abandoned = tmp_path / f"{marker}node_c-456-x4"
+    for folder in (dead, alive, other_node, abandoned):
+        folder.mkdir()
+    old = time.time() - cache.STALE_BUILD_SECONDS - 60
+    os.utime(abandoned, (old, old))
     calls = []
     path = build_once(tmp_path / "asset", lambda tmp: calls.append((tmp / "f").touch()))
     assert build_once(tmp_path / "asset", lambda tmp: calls.append(1)) == path
-    assert len(calls) == 1 and (path / "f").exists() and not stale.exists()
+    assert len(calls) == 1 and (path / "f").exists()
+    assert not dead.exists() and not abandoned.exists() and alive.exists() and other_node.exists()
+
+
+def _build_without_exclusion(final, log_path, second: bool):
+    """A builder on a node whose lock does not see the other node's (node-local flock); the
+    second starts while the first is building."""
+    import contextlib
+
+    cache.file_lock = lambda path: contextlib.nullcontext()
+
+    def build(tmp):
+        with open(log_path, "a") as log:
+            log.write(f"start {os.getpid()}\n")
+        for i in range(20):
+            (tmp / f"part{i}").write_text(str(os.getpid()))
+            time.sleep(0.02)
+        assert len(list(tmp.iterdir())) == 20, "a folder being built was removed under its builder"
+
+    while second and not (log_path.exists() and log_path.read_text()):
+        time.sleep(0.01)
+    build_once(final, build)
+
+
+def test_two_nodes_with_node_local_locks_both_build_and_one_build_is_published(tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    log = tmp_path / "builds.log"
+    procs = [ctx.Process(target=_build_without_exclusion, args=(tmp_path / "asset", log, i == 1)) for i in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert len(log.read_text().splitlines()) == 2  # both built: neither lock excluded the other
+    builders = {(tmp_path / "asset" / f"part{i}").read_text() for i in range(20)}
+    assert len(builders) == 1  # one whole build, not a mix
+    assert [p.name for p in tmp_path.iterdir() if p.name != "builds.log"] == ["asset"]  # the other discarded
 
 
 def test_build_once_force_replaces(tmp_path):

@@ -15,10 +15,18 @@ tests/helpers.py), and these environment variables say what to break:
   GAMMA_TITAN_TEST_DISK_FULL_AT_STEP=4      this step's checkpoint write fails as a full disk
                                             does (OSError ENOSPC), after its data files and
                                             before its .metadata
+  GAMMA_TITAN_TEST_BLIND_RANK=1             this rank does not see the checkpoints in the run
+                                            folder (another node's stale view of a shared
+                                            filesystem): TorchTitan's search for the newest
+                                            finds none there
+  GAMMA_TITAN_TEST_STEP_SECONDS=0.2         every training step takes at least this long (a
+                                            model whose steps are as slow as a real one's, so a
+                                            test can act on a run mid-way)
 """
 
 import errno
 import os
+import re
 import signal
 import time
 
@@ -40,7 +48,10 @@ KILL_AT = _steps("GAMMA_TITAN_TEST_KILL_AT_STEP")
 KILL_IN_SAVE_AT = _steps("GAMMA_TITAN_TEST_KILL_IN_SAVE_AT_STEP")
 SAVE_DELAY = float(os.environ.get("GAMMA_TITAN_TEST_SAVE_DELAY", "0"))
 DISK_FULL_AT = _steps("GAMMA_TITAN_TEST_DISK_FULL_AT_STEP")
+STEP_SECONDS = float(os.environ.get("GAMMA_TITAN_TEST_STEP_SECONDS", "0"))
 current_step = [0]
+
+BLIND_RANK = os.environ.get("GAMMA_TITAN_TEST_BLIND_RANK")
 
 _train_step = GammaTrainer.train_step
 _finish = FileSystemWriter.finish
@@ -64,6 +75,8 @@ def train_step(trainer, data_iterator):
     if trainer.step in KILL_AT and dist.get_rank() == dist.get_world_size() - 1:
         logger.warning(f"step {trainer.step}: killing the last rank (fault_injection)")
         os.kill(os.getpid(), signal.SIGKILL)
+    if STEP_SECONDS:
+        time.sleep(STEP_SECONDS)
     return _train_step(trainer, data_iterator)
 
 
@@ -71,7 +84,9 @@ def finish(writer, metadata, results):
     if SAVE_DELAY:
         print(f"fault_injection: waiting {SAVE_DELAY:g} s before .metadata", flush=True)
         time.sleep(SAVE_DELAY)
-    if current_step[0] in DISK_FULL_AT:
+    # the step this save is of, from its folder (an asynchronous save finishes steps later)
+    saving = re.search(r"step-(\d+)", str(writer.path))
+    if saving and int(saving.group(1)) in DISK_FULL_AT:
         raise OSError(errno.ENOSPC, "No space left on device (fault_injection)")
     if current_step[0] in KILL_IN_SAVE_AT and dist.get_rank() == 0:
         logger.warning(f"step {current_step[0]}: killing rank 0 inside the checkpoint write (fault_injection)")
@@ -81,3 +96,9 @@ def finish(writer, metadata, results):
 
 GammaTrainer.train_step = train_step
 FileSystemWriter.finish = finish
+
+
+if BLIND_RANK is not None and os.environ.get("RANK") == BLIND_RANK:
+    from torchtitan.components.checkpoint import CheckpointManager
+
+    CheckpointManager._find_load_step = lambda self, folder="": -1

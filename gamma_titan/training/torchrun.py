@@ -1,0 +1,98 @@
+"""torchrun, with the ends a scheduler reads: `python -m gamma_titan.training.torchrun ARGS`
+takes torchrun's own arguments and runs torchrun (torch.distributed.run) in this process.
+
+torchrun alone turns every signal into a failure: it forwards SIGTERM or SIGINT to its
+workers, waits for them, then re-raises the signal and exits 1 with a traceback, even when
+every worker finished its step, checkpointed it and exited 0 (measured, torch 2.13). A
+SLURM `afterok` chain or a requeue script reads that as a crash. Here:
+
+* a stop (SIGTERM, SIGINT, SIGHUP) after which every worker of this node reported a clean
+  end (`GAMMA_TITAN_STOP_REPORTS`: each writes its exit code there as it leaves) exits with
+  the workers' code, 0 after a checkpoint, in one line and no traceback;
+* a stop after which a worker did not report (killed, or cut off by the grace period)
+  exits 1, naming the local ranks;
+* a failed worker exits with its own exit code (3 non-finite, 4 disk full, ...) and
+  torchrun's summary of the failure, without the launcher's traceback.
+
+A second Ctrl-C reaches the workers as torchrun's SIGTERM after their SIGINT, which ends
+them at once (graceful_stop.py); this process then exits 130.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+#: The folder where each worker of this node writes `<local rank>.json` as it leaves.
+STOP_REPORTS_ENV = "GAMMA_TITAN_STOP_REPORTS"
+
+
+def write_stop_report(code: int, stopped_at: int | None) -> None:
+    """A worker's end, for the launcher of its node (nothing without one)."""
+    folder = os.environ.get(STOP_REPORTS_ENV)
+    if not folder or not os.path.isdir(folder):
+        return
+    local_rank = os.environ.get("LOCAL_RANK", "0")
+    tmp = Path(folder) / f".{local_rank}.tmp"
+    tmp.write_text(json.dumps({"code": code, "stopped_at": stopped_at}))
+    tmp.replace(Path(folder) / f"{local_rank}.json")
+
+
+def read_stop_reports(folder: Path, nproc: int) -> dict[int, dict | None]:
+    out = {}
+    for rank in range(nproc):
+        try:
+            out[rank] = json.loads((folder / f"{rank}.json").read_text())
+        except (OSError, ValueError):
+            out[rank] = None
+    return out
+
+
+def after_signal(reports: dict[int, dict | None], sig: int) -> tuple[int, str]:
+    """(exit code, line) of this node once a stop signal has ended its workers."""
+    name = signal.Signals(sig).name
+    missing = [rank for rank, r in reports.items() if r is None]
+    if missing:
+        code = 130 if sig == signal.SIGINT else 1
+        return code, (f"gamma-titan: {name}: local rank(s) {', '.join(map(str, missing))} of this node ended "
+                      "without a clean stop (killed, or over gamma.reliability.stop_grace_seconds); the last "
+                      "complete checkpoint is the one to resume from")
+    code = max(r["code"] for r in reports.values())
+    steps = sorted({r["stopped_at"] for r in reports.values() if r.get("stopped_at") is not None})
+    where = f"checkpointed step {steps[0]}" if len(steps) == 1 else "stopped"
+    if code:
+        return code, f"gamma-titan: {name}: the workers of this node ended with exit {code}"
+    return 0, f"gamma-titan: {name}: every worker of this node {where} and exited 0"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    reports = Path(tempfile.mkdtemp(prefix="gamma-titan-stop."))
+    os.environ[STOP_REPORTS_ENV] = str(reports)  # the workers inherit it
+    try:
+        run(args)
+        return 0
+    except SignalException as e:
+        nproc = int(args.nproc_per_node) if str(args.nproc_per_node).isdigit() else len(list(reports.glob("*.json")))
+        code, line = after_signal(read_stop_reports(reports, nproc), e.sigval)
+        print(line, file=sys.stderr if code else sys.stdout, flush=True)
+        return code
+    except ChildFailedError as e:
+        _, failure = e.get_first_failure()
+        print(str(e), file=sys.stderr, flush=True)  # torchrun's summary: which rank, its exit code, its error
+        return failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
+    finally:
+        shutil.rmtree(reports, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
