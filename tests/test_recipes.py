@@ -188,6 +188,9 @@ def check_sbatch_script(path: Path, run, out: Path) -> None:
     # srun in a session of its own (scancel --full signals the script's process group, and srun
     # kills its tasks on a SIGTERM of its own); the script forwards SIGTERM to the job's steps
     assert "setsid srun --kill-on-bad-exit=1 --label" in text
+    # CPU threads: the node's CPUs over its ranks, unless the user set them
+    assert f"threads=$(( ${{SLURM_CPUS_ON_NODE:-{run.gpus_per_node * 8}}} / {run.gpus_per_node} ))" in text
+    assert 'export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( threads > 0 ? threads : 1 ))}' in text
     assert "trap 'forward USR1' USR1\n" in text and 'scancel --signal=TERM "$SLURM_JOB_ID"' in text
     # The stop (hazard 3): the grace period covers the step and an estimated full save; torchrun
     # waits for it before SIGKILL, and SLURM's SIGUSR1 comes that much before the time limit.
