@@ -184,3 +184,29 @@ def test_the_loaders_and_the_trainers_checkpoint_forms():
     trainer.read_form({"train_state.step", "train_state.tokens_seen"})
     trainer.load_state_dict({"step": 6, "tokens_seen": 700})
     assert (trainer.step, trainer.ntokens_seen, trainer.legacy_train_state) == (6, 700, 0)
+
+
+@pytest.mark.multiprocess
+def test_tensorboard_keeps_one_curve_across_resume_extension_and_a_restart_from_an_earlier_step(tmp_path,
+                                                                                                 builtin_assets):
+    """One TensorBoard run per dump folder: 6 steps, extended to 8 (the same event folder,
+    appended), then restarted from the step-4 checkpoint to 7: TensorBoard (read back with
+    its own EventAccumulator) shows steps 1-7 once each, 5-7 those of the restart (what
+    the first launches logged from step 5 on is purged)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    dump = tmp_path / "run"
+    run = (*RUN[:-2], "--checkpoint.interval", "2", "--metrics.enable_tensorboard", "true")
+    run_trainer(dump, *run, "--training.steps", "6")
+    run_trainer(dump, *run, "--training.steps", "8")
+    run_trainer(dump, *run[:-4], "--checkpoint.interval", "100", "--metrics.enable_tensorboard", "true",
+                "--checkpoint.load_step", "4", "--training.steps", "7")
+    events = EventAccumulator(str(dump / "tb"))
+    events.Reload()
+    assert sorted({p.parent for p in (dump / "tb").rglob("events.out.tfevents.*")}) == [dump / "tb"]
+    scalars = events.Scalars("loss_metrics/global_avg_loss")
+    assert [s.step for s in scalars] == list(range(1, 8))
+    logged = [(r["step"], r["loss"]) for r in read_metrics(dump)]
+    assert [step for step, _ in logged] == [1, 2, 3, 4, 5, 6, 7, 8, 5, 6, 7]  # metrics.jsonl keeps every launch
+    assert [round(s.value, 5) for s in scalars[4:]] == [round(loss, 5) for _, loss in logged[-3:]]
+    assert [round(s.value, 5) for s in scalars[:4]] == [round(loss, 5) for _, loss in logged[:4]]

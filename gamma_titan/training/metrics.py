@@ -6,6 +6,11 @@ lines with short names (`step`, `loss`, `grad_norm`, `lr`, `tps`, `val_loss`, ..
 all of TorchTitan's own keys. When validation runs at a step, its loss goes into that
 step's object, so each step has exactly one line. The file is appended to, never
 truncated: a resumed run continues it.
+
+TensorBoard gets one run per dump folder (`<dump_folder>/<metrics.save_tb_folder>/`, where
+TorchTitan makes a new `<time>/` run at every launch): a resumed or extended run appends
+to it, and a restart from an earlier checkpoint purges what the folder holds from the
+resumed step on (TensorBoard's `purge_step`), so each curve is one line.
 """
 
 from __future__ import annotations
@@ -67,15 +72,55 @@ class JsonlLogger(BaseLogger):
         self._file.close()
 
 
+class RunTensorBoard(TensorBoardLogger):
+    """TorchTitan's TensorBoard logger, writing every launch of a run into one folder. Its
+    writer opens at the first scalar, once the run knows the step it resumed from: events
+    of an earlier launch from that step on are purged (`purge_step`)."""
+
+    def __init__(self, log_dir: str, tag: str | None = None):  # no writer yet (TorchTitan's opens one)
+        self.tag, self.log_dir = tag, log_dir
+        self.purge_step = 1  # a run that starts over replaces whatever the folder held
+        self._writer = None
+
+    @property
+    def writer(self):
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(self.log_dir, max_queue=1000, purge_step=self.purge_step)
+            logger.info(f"TensorBoard: {self.log_dir} (from step {self.purge_step} on)")
+        return self._writer
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
 class GammaMetricsProcessor(MetricsProcessor):
-    """TorchTitan's processor; training and validation metrics of one step share a line."""
+    """TorchTitan's processor; training and validation metrics of one step share a line, and
+    TensorBoard has one run per dump folder (RunTensorBoard)."""
 
     def __init__(self, job_config, parallel_dims, tag: str | None = None):
-        super().__init__(job_config, parallel_dims, tag)
-        self.jsonl: JsonlLogger | None = None
+        metrics = job_config.metrics
+        tensorboard, metrics.enable_tensorboard = metrics.enable_tensorboard, False  # ours replaces TorchTitan's
+        try:
+            super().__init__(job_config, parallel_dims, tag)
+        finally:
+            metrics.enable_tensorboard = tensorboard
+        rank = torch.distributed.get_rank()
         # TorchTitan's choice: rank 0, or under pipeline parallelism the first rank of the
         # last stage, which holds the loss (the other stages log a placeholder).
-        self.writes = torch.distributed.get_rank() == _get_metrics_rank(parallel_dims, job_config)
+        self.writes = rank == _get_metrics_rank(parallel_dims, job_config)
+        if tensorboard and (self.writes or metrics.save_for_all_ranks):
+            folder = os.path.join(job_config.job.dump_folder, metrics.save_tb_folder)
+            if job_config.fault_tolerance.enable:  # TorchTitan's layout, less its <time>/ folder
+                folder = os.path.join(folder, f"replica_{job_config.fault_tolerance.replica_id}")
+            if metrics.save_for_all_ranks:
+                folder = os.path.join(folder, f"rank_{rank}")
+            container = self.logger if isinstance(self.logger, LoggerContainer) else LoggerContainer()
+            container.add_logger(RunTensorBoard(folder, tag))
+            self.logger = container
+        self.jsonl: JsonlLogger | None = None
         if self.writes:
             self.jsonl = JsonlLogger(os.path.join(job_config.job.dump_folder, METRICS_FILE))
         self._pending: tuple[int, dict[str, Any]] | None = None
@@ -116,6 +161,13 @@ class GammaMetricsProcessor(MetricsProcessor):
         super().log_validation(loss, step, extra_metrics)
 
     # --- diagnostics (gamma_titan/diagnostics) ------------------------------------------
+
+    def resumed_at(self, step: int) -> None:
+        """The run resumed from a checkpoint of `step` (the trainer's train_state): TensorBoard
+        keeps what an earlier launch logged up to it and drops the rest."""
+        for tb in self._tensorboards:
+            if isinstance(tb, RunTensorBoard):
+                tb.purge_step = step + 1
 
     @property
     def _tensorboards(self) -> list[TensorBoardLogger]:

@@ -256,6 +256,7 @@ class GammaTrainer(Trainer):
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.step = state_dict["step"]
+        self.metrics_processor.resumed_at(self.step)
         if "tokens_seen" in state_dict:
             self.ntokens_seen = state_dict["tokens_seen"]
         else:  # TorchTitan's: this rank's tokens, as many as each of the saving run's ranks read
