@@ -3,6 +3,7 @@ dump folder, and the checkpoints pre-flight refuses to resume from (a model-only
 of another model), each in one line before anything starts."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -177,6 +178,8 @@ def test_the_loaders_and_the_trainers_checkpoint_forms():
     assert legacy.state_dict() == {"position": 0}
 
     trainer = GammaTrainer.__new__(GammaTrainer)
+    resumed = []  # the steps TensorBoard is told it resumed at (it purges what follows)
+    trainer.metrics_processor = SimpleNamespace(resumed_at=resumed.append)
     trainer.read_form({"train_state.step", "train_state.ntokens_seen", "dataloader.dp_rank_0", "dataloader.dp_rank_1",
                        "dataloader.dp_rank_2", "dataloader.dp_rank_3"})
     trainer.load_state_dict({"step": 5, "ntokens_seen": 100})
@@ -184,6 +187,7 @@ def test_the_loaders_and_the_trainers_checkpoint_forms():
     trainer.read_form({"train_state.step", "train_state.tokens_seen"})
     trainer.load_state_dict({"step": 6, "tokens_seen": 700})
     assert (trainer.step, trainer.ntokens_seen, trainer.legacy_train_state) == (6, 700, 0)
+    assert resumed == [5, 6]
 
 
 @pytest.mark.multiprocess
