@@ -11,6 +11,8 @@ TOKENIZER_FILE = "tokenizer.json"
 
 #: A run's scalars, one JSON object per logged step, in job.dump_folder (training/metrics.py).
 METRICS_FILE = "metrics.jsonl"
+#: Its key of a mixture source's validation loss: val_loss/<source> (training/validator.py).
+SOURCE_VAL_LOSS = "val_loss/"
 
 #: A run's log, rank 0's lines without colour codes, in job.dump_folder (training/console.py).
 RUN_LOG_FILE = "train.log"

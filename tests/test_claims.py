@@ -121,7 +121,9 @@ def test_unfinished_cells_and_bad_claims():
     for bad, message in (
         ([{"claim": "x"}], "claims[0]: needs 'vary'"),
         ([{**CLAIMS[0], "expect": "down"}], "claims[0].expect = 'down': allowed <0, >0"),
-        ([{**CLAIMS[0], "metric": "ppl"}], "claims[0].metric = 'ppl': allowed val_loss, train_loss, sink_mean"),
+        ([{**CLAIMS[0], "metric": "ppl"}], "claims[0].metric = 'ppl': allowed val_loss, train_loss, sink_mean or "
+                                            "val_loss/<source>"),
+        ([{**CLAIMS[0], "metric": "val_loss/"}], "claims[0].metric = 'val_loss/': allowed"),
         ([{**CLAIMS[0], "values": [1e-5]}], "claims[0].values: a list of two values"),
         ([{**CLAIMS[0], "at": {"optimizer.lr": 1}}], "claims[0]: 'optimizer.lr' is not a key the recipe varies"),
         ([{**CLAIMS[1], "minus_at": {"gamma.norm_eps": 1}}], "claims[0].minus_at: must fix the same keys as at"),
@@ -143,18 +145,22 @@ def test_a_recipe_report_ends_with_its_claims(tmp_path):
     for r in runs_of(losses, keys):
         (tmp_path / r["name"]).mkdir()
         (tmp_path / r["name"] / "metrics.jsonl").write_text(json.dumps(
-            {"step": 4, "loss": r["final"]["val_loss"], "val_loss": r["final"]["val_loss"]}) + "\n")
+            {"step": 4, "loss": r["final"]["val_loss"], "val_loss": r["final"]["val_loss"],
+             "val_loss/code": r["final"]["val_loss"] - 1 + (r["values"]["gamma.norm_eps"] == 1e-12) * 0.3}) + "\n")
         runs.append({k: r[k] for k in ("name", "cell", "seed", "model_label", "arm", "values", "overrides")}
                     | {"params": 1000, "params_non_embedding": 800, "tokens": 20000, "tokens_per_param": 20.0,
                        "corpus_tokens": 40000, "steps": 4, "global_batch": 1, "seq_len": 8})
     plan = {"recipe": "eps", "title": "t", "figure": "f", "expect": "e", "scale": "tiny",
             "grid": {"gamma.init_rate": [0.5, 1.0], "gamma.norm_eps": [1e-5, 1e-12]}, "arms": [],
-            "report": {"rows": "gamma.init_rate", "columns": "gamma.norm_eps"}, "claims": CLAIMS, "runs": runs}
+            "report": {"rows": "gamma.init_rate", "columns": "gamma.norm_eps"}, "runs": runs,
+            "claims": [*CLAIMS, {**CLAIMS[0], "claim": "not on code", "metric": "val_loss/code", "expect": "<0"}]}
     (tmp_path / "recipe.json").write_text(json.dumps(plan))
     text = write_report(tmp_path).read_text()
     pivot = text.split("**final validation loss**")[1].split("\n\n**")[0]
     assert "| 1 | 2.9100 ± 0.0100 | 2.8100 ± 0.0100 | -0.1000 ± 0.0163 (12.2 SE) * |" in pivot
     assert "| 0.5 | 3.0200 ± 0.0200 | 3.0100 ± 0.0200 | -0.0100 ± 0.0327 (0.6 SE) |" in pivot
     claims = text.rstrip().split("## Claims")[1]
-    assert text.rstrip().endswith(claims.rstrip()) and claims.count("\n| ") == 5  # header + 4 claims
+    assert text.rstrip().endswith(claims.rstrip()) and claims.count("\n| ") == 6  # header + 5 claims
     assert "| ε helps at γ = 1 | −0.038 | – | -0.1000 ± 0.0163 (12.2 SE) | **agrees** |" in claims
+    # a mixture source's validation loss (val_loss/code: the total − 1, + 0.3 at ε = 1e-12)
+    assert "| not on code | −0.038 | – | +0.2000 ± 0.0163 (24.5 SE) | **disagrees** |" in claims

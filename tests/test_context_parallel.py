@@ -44,8 +44,20 @@ def test_context_parallel_trains_the_model_one_process_trains(ranks, model):
         assert seen["tokens_match"]  # the tokens and labels at those positions
         assert seen["logits_max_diff"] <= 1e-5  # rotary by global position, gate on the local tokens
         assert seen["cp_loss"] == pytest.approx(seen["loss"], rel=1e-6)
+        # max_loss, one data-parallel rank holding the batch: its mean loss (TorchTitan: the half)
+        assert seen["max_loss"] == pytest.approx(seen["loss"], rel=1e-6)
         # every gradient (the MoE balance loss's included) summed over the ranks: one process's
         assert seen["grad_max_rel_diff"] <= 1e-5 and seen["grads_compared"] > 20
+
+
+@pytest.mark.multiprocess
+def test_validation_under_context_parallelism_is_one_processs_loss(ranks):
+    """TorchTitan 0.2.2's validator counted the tokens after the CP split and summed the loss
+    over the CP ranks: CP 2 reported twice the loss. Ours, on the run's validation set (6
+    sequences) with the ring stood in for: the loss one process computes directly."""
+    for seen in ranks["validation"]:
+        assert seen["cp"] == pytest.approx(seen["one_process"], rel=1e-6), seen
+        assert 7 < seen["one_process"] < 9  # ln 4096 = 8.3 at γ = 1: a real loss, not 2x or 0
 
 
 def cp_config(*overrides):

@@ -32,9 +32,14 @@ pytestmark = pytest.mark.multiprocess
 
 GLOBAL_BATCH = 8
 STEPS = 4
+#: Validation at steps 1 and 4 on 8 sequences in all, in local batches of 8 (a multiple of the
+#: pipeline's micro-batches): one global batch of 8 x (data-parallel degree) sequences, so at 2
+#: and more data-parallel ranks some ranks read padding only.
+VALIDATE = ("--validation.enable", "true", "--validation.freq", str(STEPS), "--validation.steps", "1",
+            "--validation.local_batch_size", "8", "--validation.seq_len", "64")
 RUN = ("--training.steps", str(STEPS), "--training.seq_len", "64", "--training.global_batch_size", str(GLOBAL_BATCH),
        "--lr_scheduler.warmup_steps", "1", "--metrics.log_freq", "1", "--metrics.enable_tensorboard", "false",
-       "--validation.enable", "false", "--debug.deterministic", "true", "--debug.seed", "7",
+       *VALIDATE, "--debug.deterministic", "true", "--debug.seed", "7",
        "--gamma.diagnostics.enable", "false", "--gamma.diagnostics.freq", str(STEPS),
        "--gamma.diagnostics.probe_batch", "2")
 SMALL = RUN + ("--model_args.n_layers", "2", "--model_args.dim", "64", "--model_args.ffn_hidden_dim", "192")
@@ -239,8 +244,7 @@ def resume_cases() -> list[dict]:
         argv = [*family_argv(family), *RESUME, *layout.flags().split(), "--training.local_batch_size", str(local)]
         if name.endswith("batch4"):
             argv += ["--training.global_batch_size", "4"]
-        if name in ("dense-resume", "dense-resume-pp2"):  # validated at steps 3 and 6 (by the last stage)
-            argv += VALIDATION
+        argv += VALIDATION  # at steps 3 and 6, 16 sequences in all: the same set at every degree
         out.append({"name": name, "family": f"{family}-resume", "world": world, "phase": phase, "argv": argv,
                     "save": source is None and world == 1, "kind": "resume",
                     "resume_from": None if source is None else f"{source}/checkpoint/step-3"})
@@ -298,6 +302,10 @@ def matrix(tmp_path_factory, builtin_assets):
     return results
 
 
+def val_losses(run) -> list[tuple[int, float]]:
+    return [(r["step"], r["val_loss"]) for r in run["records"] if "val_loss" in r]
+
+
 def relative(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) / abs(y) for x, y in zip(a, b, strict=True))
 
@@ -314,7 +322,10 @@ def tolerances(matrix, family: str) -> dict[str, float]:
         if ref["aux"][0] is not None:
             floors["aux"] = max(floors["aux"], relative(other["aux"], ref["aux"]))
         floors["params"] = max(floors["params"], other["params"][0]["update_rel_diff"])
-    least = {"loss": 1e-6, "aux": 1e-6, "params": 1e-5}
+    # parameters: a TP x PP run's sums in other orders reach 4.3e-5 where the single-process
+    # runs happen to agree to 1.6e-6 (2 threads); a real error is far above 1e-4 (validation
+    # forwards left in the MoE load counters: 2.6e-2)
+    least = {"loss": 1e-6, "aux": 1e-6, "params": 1e-4}
     return {k: max(25 * v, least[k]) for k, v in floors.items()}
 
 
@@ -333,6 +344,11 @@ def test_layout_trains_the_model_one_process_trains(matrix, name):
     if ref["aux"][0] is not None:
         assert relative(run["aux"], ref["aux"]) <= tol["aux"], (run["aux"], ref["aux"], tol)
     assert [r["tokens_seen"] for r in run["records"]] == [r["tokens_seen"] for r in ref["records"]]
+    # the validation set is the same 8 sequences at every layout (padding on the ranks that
+    # have none of them): one process's validation loss
+    validated, reference = val_losses(run), val_losses(ref)
+    assert [s for s, _ in validated] == [s for s, _ in reference] == [1, STEPS], (validated, reference)
+    assert relative([v for _, v in validated], [v for _, v in reference]) <= tol["loss"], (validated, reference)
     ranks = run["params"]
     assert len(ranks) == run["case"]["world"]
     for rank, numbers in enumerate(ranks):  # each rank's own replica (its stage's, under PP)
@@ -404,8 +420,9 @@ def test_ddp_trained_the_single_process_gradient(matrix):
 def test_a_run_resumes_at_another_degree_as_if_uninterrupted(matrix, name):
     """Steps 1-3 at one layout, 4-6 at another on the same global batch: the model and
     optimizer resharded by DCP, the data at exactly the next sequence of the uninterrupted
-    order (the loader's position), the same tokens seen, learning rates and losses, and the
-    same final parameters as one process that was never interrupted."""
+    order (the loader's position), the same tokens seen, learning rates, losses and
+    validation loss, and the same final parameters as one process that was never
+    interrupted."""
     run, ref = matrix[name], matrix[run_family(name)]
     tol = tolerances(matrix, RESUMES[name][0])
     assert [r["step"] for r in run["records"]] == [4, 5, 6]
@@ -415,6 +432,9 @@ def test_a_run_resumes_at_another_degree_as_if_uninterrupted(matrix, name):
         (3 + i) * GLOBAL_BATCH * 64 for i in (1, 2, 3)]
     assert [r["lr"] for r in run["records"]] == [r["lr"] for r in after]
     assert relative(run["losses"], [r["loss"] for r in after]) <= tol["loss"]
+    # step 6's validation: the same 16 sequences at the new degree as the uninterrupted run's
+    assert [s for s, _ in val_losses(run)] == [6] and [s for s, _ in val_losses(ref)] == [1, 3, 6]
+    assert relative([val_losses(run)[0][1]], [val_losses(ref)[-1][1]]) <= tol["loss"]
     assert run["run"]["position"] == ref["run"]["position"] == 6 * GLOBAL_BATCH  # none repeated, none skipped
     for numbers in run["params"]:
         assert numbers["update_rel_diff"] <= tol["params"], numbers

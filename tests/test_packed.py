@@ -75,3 +75,42 @@ def test_too_little_data_is_a_config_error():
         PackedSequences(in_order(50), 0, 2, 4, on_exhausted="stop")
     with pytest.raises(ConfigError, match="key: test has 5 tokens, not enough for one sequence"):
         in_order(5)
+
+
+@pytest.mark.parametrize("sequences", [1, 7, 10, None])
+def test_the_validation_set_is_the_same_sequences_at_every_degree_each_once(sequences):
+    """The first N sequences of a mixture (two streams, weights 3:1; None: the split), read by
+    1-4 data-parallel ranks in local batches of 2: together they read each of them exactly
+    once, source by source; every rank runs as many batches, the missing rows padded with
+    ignored labels."""
+    from gamma_titan.data.sampling import Mixture
+    from gamma_titan.data.validation_set import ValidationSet
+
+    streams = [Sequences(ArrayTokens(np.arange(offset, offset + 160)), SEQ, shuffle=False, seed=0, name=name,
+                         key="key", source=name) for offset, name in ((0, "docs"), (10_000, "code"))]
+    mixture = Mixture(streams, [3.0, 1.0])
+    one = None
+    for world in (1, 2, 3, 4):
+        vset = ValidationSet(mixture, sequences, mixture.source_names)
+        read, counts = [], set()
+        for rank in range(world):
+            batches_ = list(vset.rank_batches(rank, world, 2))
+            counts.add(len(batches_))
+            for inputs, labels, source in batches_:
+                for row in range(inputs.shape[0]):
+                    if (labels[row] != -100).any():
+                        assert (labels[row] != -100).all()
+                        read.append((source, int(inputs[row, 0])))
+        assert counts == {vset.batches_per_rank(world, 2)}  # no rank waits for another
+        assert len(read) == len(set(read)) == vset.size  # each sequence once
+        if one is None:
+            one = sorted(read)
+        assert sorted(read) == one  # the same set at every degree
+    expected = [mixture.get(g)[0] for g in range(len(one))]  # the first N of the global order
+    assert sorted(int(first) for _, first in one) == sorted(int(x) for x in expected)
+    assert {mixture.source_names[s] for s, _ in one} == ({"docs"} if len(one) == 1 else {"docs", "code"})
+    first_wrap = next(g for g in range(10_000) if mixture.first_exhausted(g) is not None)
+    if sequences is None:  # the split: every sequence before the first stream would wrap
+        assert vset.size == first_wrap and not vset.capped
+    capped = ValidationSet(mixture, 1000, mixture.source_names)  # more than the split holds: the split, once
+    assert capped.size == first_wrap and capped.capped

@@ -74,3 +74,19 @@ def test_dualpipev_is_refused_on_a_cpu_only():
     with pytest.raises(ConfigError, match="needs a GPU"):
         check_pipeline(c, N_LAYERS, cuda=False)
     assert len(check_pipeline(c, N_LAYERS, cuda=True)) == 4  # a V: two stages per rank
+
+
+def test_validation_runs_the_forward_actions_of_the_training_order():
+    """Under an action-list schedule validation keeps the forward computations, their sends
+    and receives and FSDP's unshard/reshard, in the training order; DualPipeV's overlapped
+    step keeps its forward (the runs: the ZBVZeroBubble case of test_layouts.py)."""
+    from torch.distributed.pipelining.schedules import OVERLAP_F_B, _Action
+
+    from gamma_titan.training.validator import forward_actions
+
+    order = [_Action.from_str(a) for a in
+             ("0UNSHARD", "0F0", "0SEND_F0", "3RECV_F0", "3F0", "3B0", "0RECV_B0", "0I0", "0W0", "1SEND_B0",
+              "0REDUCE_GRAD", "0RESHARD")]
+    overlap = _Action(0, OVERLAP_F_B, None, (_Action.from_str("0F1"), _Action.from_str("3B0")))
+    kept = forward_actions([*order[:5], overlap, *order[5:]])
+    assert [str(a) for a in kept] == ["0UNSHARD", "0F0", "0SEND_F0", "3RECV_F0", "3F0", "0F1", "0RESHARD"]

@@ -158,3 +158,21 @@ def test_token_analysis_definitions_against_a_naive_loop():
         start += size
         assert b["count"] == size
         assert b["gain_mean"] == pytest.approx(np.mean([loss_std[i] - loss_small[i] for i in idx]))
+
+
+def test_a_mixture_validates_each_source_and_their_token_weighted_mean_is_the_total(ablation):
+    """The tiny config validates on its docs + code mixture: each validation logs each
+    source's loss (val_loss/<source>), and the total is their mean weighted by each source's
+    tokens in the validation set (run.json's reads: sequences per source, seq_len each)."""
+    out, _ = ablation
+    run = out / "g1_gatenone_s0"
+    held = json.loads(next((run / "runs").glob("*/run.json")).read_text())["reads"]["validation_set"]
+    assert set(held["per_source"]) == {"docs", "code"} and all(n > 0 for n in held["per_source"].values())
+    assert sum(held["per_source"].values()) == held["sequences"] == 2 * 32  # validation.steps x local batch
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    validated = [r for r in records if "val_loss" in r]
+    assert len(validated) == 5
+    for r in validated:
+        weighted = sum(n * r[f"val_loss/{name}"] for name, n in held["per_source"].items()) / held["sequences"]
+        assert r["val_loss"] == pytest.approx(weighted, rel=1e-6), r
+        assert r["val_loss/docs"] != r["val_loss/code"]  # two measurements, not one copied

@@ -3,6 +3,7 @@ dump folder, and the checkpoints pre-flight refuses to resume from (a model-only
 of another model), each in one line before anything starts."""
 
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -11,7 +12,9 @@ import torch
 from gamma_titan.config import load_job_config
 from gamma_titan.errors import ConfigError
 from gamma_titan.training.preflight import preflight, resume_notes
-from helpers import DEBUG_TOML, QUIET, read_metrics, run_trainer
+from helpers import DEBUG_TOML, QUIET, REPO, read_metrics, run_trainer
+
+README = (REPO / "README.md").read_text(encoding="utf-8")
 
 # A schedule that does not depend on training.steps (warm-up, then constant): the first 8
 # steps of an 8-step and of a 16-step run are then the same computation.
@@ -200,7 +203,8 @@ def test_tensorboard_keeps_one_curve_across_resume_extension_and_a_restart_from_
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     dump = tmp_path / "run"
-    run = (*RUN[:-2], "--checkpoint.interval", "2", "--metrics.enable_tensorboard", "true")
+    validate = ("--validation.enable", "true", "--validation.freq", "3", "--validation.steps", "1")
+    run = (*RUN[:-2], *validate, "--checkpoint.interval", "2", "--metrics.enable_tensorboard", "true")
     run_trainer(dump, *run, "--training.steps", "6")
     run_trainer(dump, *run, "--training.steps", "8")
     run_trainer(dump, *run[:-4], "--checkpoint.interval", "100", "--metrics.enable_tensorboard", "true",
@@ -214,3 +218,13 @@ def test_tensorboard_keeps_one_curve_across_resume_extension_and_a_restart_from_
     assert [step for step, _ in logged] == [1, 2, 3, 4, 5, 6, 7, 8, 5, 6, 7]  # metrics.jsonl keeps every launch
     assert [round(s.value, 5) for s in scalars[4:]] == [round(loss, 5) for _, loss in logged[-3:]]
     assert [round(s.value, 5) for s in scalars[:4]] == [round(loss, 5) for _, loss in logged[:4]]
+    assert [s.step for s in events.Scalars("validation_metrics/loss")] == [1, 3, 6]
+    # the README's table of names: each TensorBoard scalar is there, under its metrics.jsonl name
+    # in metrics.jsonl (a mixture source's row aside: this run reads one source)
+    table = re.findall(r"^\| `([^`]+)` \| `([^`]+)` \| [^|]+ \|$", README.split("**TensorBoard**")[1], re.M)
+    assert len(table) == 13
+    records = read_metrics(dump)
+    for board, jsonl in table:
+        if "<source>" not in board:
+            assert board in events.Tags()["scalars"], board
+            assert any(jsonl in r for r in records), jsonl

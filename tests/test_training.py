@@ -343,4 +343,12 @@ def test_the_run_says_what_it_reads_and_the_knobs_it_resolved(debug_run_console)
     assert validation["tokens"] == meta["splits"]["validation"]["tokens"] and validation["epochs"] is None
     assert reads["tokenizer"]["vocab_size"] == 4096 == reads["tokenizer"]["model_vocab_size"]
     assert f"reads: training data 'builtin' (train split): weight 1, {train_tokens:,} tokens, " in console
+    # the validation set: validation.steps x local_batch_size sequences in all, at any layout
+    v = config.validation
+    held = min(v.steps * v.local_batch_size, (validation["tokens"] - 1) // v.seq_len)
+    assert reads["validation_set"] == {"sequences": held, "tokens": held * v.seq_len, "capped": False,
+                                       "requested": v.steps * v.local_batch_size,
+                                       "per_source": {"builtin": held}}
+    assert (f"reads: validation set: {held} sequences ({held * v.seq_len:,} tokens), the same at any layout and "
+            f"after any resume (validation.steps x validation.local_batch_size = {held})") in console
     assert "Starting job: gamma_dense debug: γ = 1, ε = 1e-12, attention gate = elementwise (config: " in console

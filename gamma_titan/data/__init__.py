@@ -13,6 +13,7 @@ Modules (import the one you need; this package imports nothing on its own):
   sampling        -- global sample index -> token window: one stream, or a weighted mixture
   shard_sources   -- a job config's shard datasets -> their folders, weights and sample sequence
   rank_batches    -- one data-parallel rank's local batches of that sequence, checkpointable
+  validation_set  -- the run's validation set: the first N sequences, each rank's padded share
   registry        -- register "hf" with TorchTitan; check any dataset choice before training
   loader          -- the dataloaders TorchTitan's Trainer and our validator get; the probe batch
   reads           -- what a run reads, said at its start: sources, weights, tokens, epochs, tokenizer

@@ -20,6 +20,7 @@ from torchtitan.hf_datasets.text_datasets import build_text_dataloader, build_te
 from gamma_titan.data.names import is_shard_dataset
 from gamma_titan.data.rank_batches import PackedSequences
 from gamma_titan.data.shard_sources import open_samples
+from gamma_titan.data.validation_set import ValidationBatches, ValidationSet
 from gamma_titan.errors import ConfigError
 
 
@@ -79,18 +80,26 @@ def build_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config, in
     return shard_dataloader(dataset, dp_rank, dp_world_size, training.dataloader)
 
 
+def validation_set(job_config) -> ValidationSet:
+    """The run's validation set (validation_set.py): validation.steps x local_batch_size
+    sequences in all, whatever the layout (-1: the whole split)."""
+    v = job_config.validation
+    samples = open_samples(job_config, "validation", v.seq_len)
+    return ValidationSet(samples, None if v.steps == -1 else v.steps * v.local_batch_size, samples.source_names)
+
+
 def build_validation_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config, infinite: bool = False):
-    """Same signature as TorchTitan's `build_text_validation_dataloader`. Every validation pass
-    starts again from the first sequence, so val_loss is measured on the same data each time."""
+    """Same signature as TorchTitan's `build_text_validation_dataloader`. A shard dataset gives
+    the run's validation set, this rank's share of it, from its start on every pass (so
+    val_loss is measured on the same data each time, at any layout); `infinite` is
+    TorchTitan's, for its own text loader."""
     v = job_config.validation
     if not is_shard_dataset(v.dataset):
         return build_text_validation_dataloader(dp_world_size, dp_rank, tokenizer, job_config, infinite)
     _check_workers(v, "validation")
-    samples = open_samples(job_config, "validation", v.seq_len)
-    dataset = PackedSequences(samples, dp_rank, dp_world_size, v.local_batch_size,
-                              on_exhausted="wrap" if infinite else "stop", restart=True,
-                              name=f"validation.dataset '{v.dataset}'", key="validation.dataset")
-    return shard_dataloader(dataset, dp_rank, dp_world_size, v.dataloader)
+    batches = ValidationBatches(validation_set(job_config), dp_rank, dp_world_size, v.local_batch_size)
+    return ParallelAwareDataloader(batches, dp_rank=dp_rank, dp_world_size=dp_world_size,
+                                   **{**asdict(v.dataloader), "batch_size": None})
 
 
 def probe_tokens(job_config, n: int, tokenizer):

@@ -18,7 +18,7 @@ which is most of the cost of a memory-mapped read.
 When the first epoch of a stream ends, training either wraps (`on_exhausted = "wrap"`, the
 stream logs it) or stops before the first global batch that would need a wrapped sample
 (`"stop"`; every rank stops at the same batch, so none waits for the others). Validation
-restarts from sample 0 on every pass (`restart=True`).
+reads a fixed set of its own (validation_set.py).
 """
 
 from __future__ import annotations
@@ -41,14 +41,14 @@ class PackedSequences(IterableDataset, Stateful):
     """One data-parallel rank's local batches of a global sample sequence (see the module)."""
 
     def __init__(self, samples, dp_rank: int, dp_world_size: int, local_batch_size: int, *,
-                 on_exhausted: str = "wrap", restart: bool = False, name: str = "dataset",
+                 on_exhausted: str = "wrap", name: str = "dataset",
                  key: str = "training.dataset"):
         if on_exhausted not in ON_EXHAUSTED:
             raise ConfigError(f"gamma.data.on_exhausted = {on_exhausted!r}: allowed {', '.join(ON_EXHAUSTED)}")
         self.samples = samples
         self.rank, self.world, self.batch = dp_rank, dp_world_size, local_batch_size
         self.stop = on_exhausted == "stop"
-        self.restart, self.name = restart, name
+        self.name = name
         if self.stop and samples.epoch_samples < dp_world_size * local_batch_size:
             raise ConfigError(
                 f"{key} = {name!r}: {samples.epoch_samples} sequences, fewer than one global batch "
@@ -79,16 +79,13 @@ class PackedSequences(IterableDataset, Stateful):
         return None
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
-        if self.restart:
-            self._start, self._consumed = 0, 0
         while True:
             k, j = divmod(self._consumed, self.batch)
             if self.stop:
                 name = self._batch_exhausted(k)
                 if name is not None:
-                    if not self.restart:
-                        logger.warning("%s: end of data (%s has no unseen sequences left for global batch %d); "
-                                       "stopping, as gamma.data.on_exhausted = \"stop\" asks", self.name, name, k + 1)
+                    logger.warning("%s: end of data (%s has no unseen sequences left for global batch %d); "
+                                   "stopping, as gamma.data.on_exhausted = \"stop\" asks", self.name, name, k + 1)
                     return
             # The rest of the local batch (all of it, unless a checkpoint was taken mid-batch).
             rows = [self.samples.get(self._global_index(c)) for c in range(self._consumed, (k + 1) * self.batch)]

@@ -33,8 +33,9 @@ PERIOD = 1 << 16  # mixture table length: weights are realised exactly to 1 / PE
 
 
 class Sequences:
-    def __init__(self, tokens, seq_len: int, *, shuffle: bool, seed: int, name: str, key: str):
+    def __init__(self, tokens, seq_len: int, *, shuffle: bool, seed: int, name: str, key: str, source: str = ""):
         self.tokens, self.seq_len, self.shuffle, self.seed, self.name = tokens, seq_len, shuffle, seed, name
+        self.source = source or name  # the source's short name (per-source validation losses)
         self.n = (len(tokens) - 1) // seq_len
         if self.n < 1:
             raise ConfigError(f"{key}: {name} has {len(tokens)} tokens, not enough for one sequence of "
@@ -72,6 +73,10 @@ class Sequences:
     def epoch_samples(self) -> int:
         return self.n
 
+    @property
+    def source_names(self) -> list[str]:
+        return [self.source]
+
 
 class Mixture:
     def __init__(self, sources: list[Sequences], weights: list[float]):
@@ -108,6 +113,10 @@ class Mixture:
     def first_exhausted(self, g: int) -> str | None:
         s, k = self.locate(g)
         return self.sources[s].first_exhausted(k)
+
+    @property
+    def source_names(self) -> list[str]:
+        return [s.source for s in self.sources]
 
     @property
     def epoch_samples(self) -> int:

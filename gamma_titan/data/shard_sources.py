@@ -151,7 +151,8 @@ def open_samples(job_config, section: str, seq_len: int, tokenizer_dir: str | Pa
     for i, source in enumerate(sources):
         tokens = TokenShards(source.folder, split, key, tokenizer, HF_ASSETS_KEY)
         label = f"{section} data '{source.name}' ({split} split)"
-        streams.append(Sequences(tokens, seq_len, shuffle=shuffle, seed=data.seed + i, name=label, key=key))
+        streams.append(Sequences(tokens, seq_len, shuffle=shuffle, seed=data.seed + i, name=label, key=key,
+                                 source=source.name))
     if len(streams) == 1:
         return streams[0]
     return Mixture(streams, [s.weight for s in sources])

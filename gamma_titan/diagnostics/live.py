@@ -30,6 +30,7 @@ from torch import nn
 
 from gamma_titan.init import canonical_name
 
+from .buffers import buffers_restored
 from .probe import ActivationProbe, to_host
 from .spectral import StableRanks, leading_rows, row_cosine
 
@@ -104,11 +105,11 @@ class LiveDiagnostics:
         hooks see everything the probe reads): no vocabulary-sized logits."""
         model = self.model
         was_training = model.training
-        saved = {name: b.clone() for name, b in model.named_buffers()}
         device = self.tokens.device
         rng_devices = [device] if device.type == "cuda" else []
         try:
             with contextlib.ExitStack() as stack:
+                stack.enter_context(buffers_restored(model))
                 stack.enter_context(torch.random.fork_rng(devices=rng_devices))
                 stack.enter_context(torch.compiler.set_stance("force_eager"))
                 probe = stack.enter_context(ActivationProbe(model, self.tp_group))
@@ -116,8 +117,6 @@ class LiveDiagnostics:
                 model(self.tokens, head=False)
         finally:
             model.train(was_training)
-            for name, b in model.named_buffers():
-                b.copy_(saved[name])
             reshard(model)
         return probe.metric_tensors()
 

@@ -5,7 +5,7 @@ A recipe lists its claims as `[[claims]]` tables:
     [[claims]]
     claim = "ε 1e-5 → 1e-12 lowers the loss at γ = 1"
     paper = "Fig. 1d: −0.038 (1.5B)"
-    metric = "val_loss"            # val_loss (default) | train_loss | sink_mean
+    metric = "val_loss"            # val_loss (default) | val_loss/<source> | train_loss | sink_mean
     vary = "gamma.norm_eps"        # Δ = metric at values[1] − metric at values[0]
     values = [1e-5, 1e-12]
     at = { "gamma.init_rate" = 1.0 }
@@ -34,6 +34,7 @@ from statistics import mean, stdev
 from typing import Any, Callable
 
 from gamma_titan.errors import ConfigError
+from gamma_titan.files import SOURCE_VAL_LOSS
 
 #: A difference counts when it exceeds this many standard errors (≈ 95% two-sided).
 NOISE_SE = 2.0
@@ -115,8 +116,11 @@ def check_claims(claims: Any, keys: set[str], where: str) -> None:
         for key in ("claim", "vary", "values", "expect"):
             if key not in c:
                 raise ConfigError(f"{at}: needs {key!r}")
-        if c.get("metric", "val_loss") not in METRICS:
-            raise ConfigError(f"{at}.metric = {c['metric']!r}: allowed {', '.join(METRICS)}")
+        metric = c.get("metric", "val_loss")
+        if metric not in METRICS and not (isinstance(metric, str) and metric.startswith(SOURCE_VAL_LOSS)
+                                          and len(metric) > len(SOURCE_VAL_LOSS)):
+            raise ConfigError(f"{at}.metric = {metric!r}: allowed {', '.join(METRICS)} or "
+                              f"{SOURCE_VAL_LOSS}<source> (a mixture source's validation loss)")
         if c["expect"] not in EXPECT:
             raise ConfigError(f"{at}.expect = {c['expect']!r}: allowed {', '.join(EXPECT)}")
         if not isinstance(c["values"], list) or len(c["values"]) != 2:

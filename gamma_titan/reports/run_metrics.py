@@ -13,7 +13,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from gamma_titan.files import METRICS_FILE
+from gamma_titan.files import METRICS_FILE, SOURCE_VAL_LOSS
 
 _SINK = re.compile(r"gamma/sink_score/layer_(\d+)")
 _EPS_DOMINATED = re.compile(r"gamma/eps_dominated_fraction/(layer_\d+|final_norm)")
@@ -56,14 +56,16 @@ def sink_by_layer(records: list[dict[str, Any]]) -> dict[int, list[tuple[int, fl
 
 
 def final_values(records: list[dict[str, Any]], tail: int = 5) -> dict[str, Any]:
-    """What a report table shows of a run: the last step, the last validation loss, the
-    mean training loss over the last `tail` logged steps, the last sink scores and residual
+    """What a report table shows of a run: the last step, the last validation loss (and
+    each source's, `val_loss/<source>`, for a mixture), the mean training loss over the last `tail` logged steps, the last sink scores and residual
     flow, and the fraction of RMSNorm inputs whose variance sits under 10·ε at step 1."""
     out: dict[str, Any] = {"step": records[-1]["step"] if records else 0}
     losses = [v for _, v in series(records, "loss")][-tail:]
     out["train_loss"] = mean(losses) if losses else None
     val = series(records, "val_loss")
     out["val_loss"] = val[-1][1] if val else None
+    last_val = next((r for r in reversed(records) if "val_loss" in r), {})
+    out.update({k: v for k, v in last_val.items() if k.startswith(SOURCE_VAL_LOSS)})  # a mixture's sources
     sink = sink_by_layer(records)
     out["sink"] = [sink[layer][-1][1] for layer in sorted(sink)] if sink else []
     out["sink_mean"] = mean(out["sink"]) if out["sink"] else None

@@ -138,8 +138,8 @@ def start_up_lines(config, spec, args, log_file) -> None:
     notes = resume_notes(config, world)  # before this launch's run record joins the ones they compare with
     record = write_run_record(config, world, reads=reads)
     logger.info(f"log: {log_file}; run record (resolved config, versions, command): {record}")
-    for line in reads_lines(reads):
-        logger.info(line)
+    for line in reads_lines(reads):  # a validation set the split cannot fill: a warning
+        logger.warning(line.removeprefix("WARNING: ")) if line.startswith("WARNING: ") else logger.info(line)
     summary = startup_summary(spec, args, config, device_type)
     logger.info("gamma-titan model at init:\n" + summary)
     for line in summary.splitlines():  # the math attention kernel, an ε-dominated norm

@@ -31,7 +31,7 @@ from torchtitan.components.metrics import (
 from torchtitan.tools.logging import logger
 
 from gamma_titan.diagnostics.live import cosine_image, diagnostics_due
-from gamma_titan.files import METRICS_FILE
+from gamma_titan.files import METRICS_FILE, SOURCE_VAL_LOSS
 from gamma_titan.progress import Eta, progress_line
 
 
@@ -52,6 +52,20 @@ _SHORT_NAMES = {
 }
 
 
+#: The key of a mixture source's validation loss (TorchTitan's naming; validator.py logs it).
+SOURCE_LOSS_PREFIX = "validation_metrics/loss/"
+#: TorchTitan-style prefix -> our short one.
+_SHORT_PREFIXES = {SOURCE_LOSS_PREFIX: SOURCE_VAL_LOSS}
+
+
+def short_name(key: str) -> str:
+    """The metrics.jsonl name of a TorchTitan metric key."""
+    for prefix, short in _SHORT_PREFIXES.items():
+        if key.startswith(prefix):
+            return short + key[len(prefix):]
+    return _SHORT_NAMES.get(key, key)
+
+
 class JsonlLogger(BaseLogger):
     def __init__(self, path: str):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -62,7 +76,7 @@ class JsonlLogger(BaseLogger):
         for key, value in metrics.items():
             if isinstance(value, torch.Tensor):
                 value = value.item()
-            record[_SHORT_NAMES.get(key, key)] = value
+            record[short_name(key)] = value
         self._file.write(json.dumps(record) + "\n")
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
@@ -147,18 +161,6 @@ class GammaMetricsProcessor(MetricsProcessor):
                            "launch with -m gamma_titan.train (or gamma-titan train)")
         super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra)
         logger.info(progress_line(step, self.eta.total, elapsed, left))
-
-    def log_validation(self, loss: float, step: int, extra_metrics: dict[str, Any] | None = None):
-        """TorchTitan's, with the loss of the last pipeline stage on every stage: its 0.2
-        validator hands the other stages a placeholder (-1 / tokens), which rank 0's
-        console and TensorBoard would show (a collective: every rank validates)."""
-        dims = self.parallel_dims
-        if dims.pp_enabled:
-            pp = dims.get_mesh("pp")
-            value = [float(loss)]
-            torch.distributed.broadcast_object_list(value, group_src=pp.size() - 1, group=pp.get_group())
-            loss = value[0]
-        super().log_validation(loss, step, extra_metrics)
 
     # --- diagnostics (gamma_titan/diagnostics) ------------------------------------------
 

@@ -56,6 +56,21 @@ def float8_layers(model_parts) -> str:
             f"high precision: [{', '.join(sorted(kept))}]")
 
 
+def largest_rank_loss(loss: torch.Tensor, global_tokens: torch.Tensor, local_tokens: torch.Tensor,
+                      dims) -> float:
+    """The largest mean loss of one data-parallel rank's batch (`max_loss`). `loss` is this
+    rank's share of the global mean (its loss sum over the global token count); the
+    context-parallel ranks of a batch each hold a part of its sequences' sum, added here
+    first. (TorchTitan 0.2.2 took the max over data x context ranks of each part alone,
+    1/CP of the value.) `local_tokens`: the batch's, counted before CP splits it."""
+    share = loss.full_tensor() if hasattr(loss, "full_tensor") else loss
+    if dims.cp_enabled:
+        share = share.detach().clone()
+        torch.distributed.all_reduce(share, group=dims.get_mesh("cp").get_group())
+    mean = share * global_tokens / local_tokens
+    return dist_utils.dist_max(mean, dims.get_mesh("batch")) if dims.dp_enabled else mean.item()
+
+
 class GammaTrainer(Trainer):
     def __init__(self, job_config, graceful_stop: GracefulStop | None = None):
         """`graceful_stop`: one installed before the trainer was built (main.py), so that a stop
@@ -234,12 +249,8 @@ class GammaTrainer(Trainer):
              lr: float) -> None:
         """TorchTitan's metrics line: the global mean loss (the verdict's), the largest
         per-rank mean loss, tokens seen, the gradient norm and the learning rate."""
-        if self.parallel_dims.dp_cp_enabled:
-            mesh = self.parallel_dims.get_optional_mesh("loss")
-            local_mean = loss.full_tensor() if hasattr(loss, "full_tensor") else loss
-            max_loss = dist_utils.dist_max(local_mean * global_tokens / local_tokens, mesh)
-        else:
-            max_loss = verdict.loss
+        max_loss = largest_rank_loss(loss, global_tokens, local_tokens, self.parallel_dims) \
+            if self.parallel_dims.dp_cp_enabled else verdict.loss
         self.metrics_processor.log(self.step, verdict.loss, max_loss, verdict.grad_norm,
                                    extra_metrics={"n_tokens_seen": self.ntokens_seen, "lr": lr})
 

@@ -4,6 +4,7 @@ mixtures, and every bad input's one-line error."""
 import collections
 import itertools
 import json
+import math
 import os
 import shutil
 
@@ -214,12 +215,17 @@ def test_validation_reads_the_same_batches_every_pass(work):
     root, _ = work
     job = _job(root / "tok", root / "shards")
     job.validation.local_batch_size, job.validation.seq_len = 2, 32
-    loader = build_validation_dataloader(1, 0, None, job, infinite=False)
-    passes = [[x["input"] for x, _ in loader] for _ in range(2)]
     held_out = TokenShards(root / "shards", "validation")
-    assert len(passes[0]) == ((len(held_out) - 1) // 32) // 2 > 0
-    assert all(torch.equal(a, b) for a, b in zip(*passes))
-    assert passes[0][0][0].tolist() == held_out.read(0, 32).tolist()  # in order, from the start
+    n = (len(held_out) - 1) // 32
+    for steps, sequences in ((20, 40), (-1, n)):  # validation.steps x local_batch_size in all; -1: the split
+        job.validation.steps = steps
+        loader = build_validation_dataloader(1, 0, None, job, infinite=steps != -1)
+        passes = [[(x["input"], labels) for x, labels in loader] for _ in range(2)]
+        assert len(passes[0]) == math.ceil(sequences / 2) > 0
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(*passes))
+        assert passes[0][0][0][0].tolist() == held_out.read(0, 32).tolist()  # in order, from the start
+        padded = sum(int((labels == -100).all(dim=1).sum()) for _, labels in passes[0])
+        assert padded == 2 * len(passes[0]) - sequences  # an odd count pads the last batch's second row
 
 
 @pytest.fixture(scope="module")

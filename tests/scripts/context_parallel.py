@@ -24,6 +24,8 @@ from torch import nn
 
 import gamma_titan  # noqa: F401  (platform shims before torchtitan)
 
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))  # tests/: helpers
+
 SEQ, BATCH = 32, 2
 
 
@@ -79,10 +81,11 @@ def models():
     return out
 
 
-def run(model_cls, args, mesh) -> dict:
+def run(model_cls, args, dims) -> dict:
     from torchtitan.distributed.context_parallel import prepare_context_parallel_input
 
     from gamma_titan.models.common.moe import set_sequence_group
+    from gamma_titan.training.trainer import largest_rank_loss
 
     torch.manual_seed(0)  # the same model and batch on every rank
     model = model_cls(args)
@@ -96,6 +99,7 @@ def run(model_cls, args, mesh) -> dict:
     whole = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
 
+    mesh = dims.get_mesh("cp")
     group = mesh.get_group()
     local_inputs, local_labels, extra = prepare_context_parallel_input(inputs, labels, {}, mesh, torch.device("cpu"),
                                                                        "headtail")
@@ -106,7 +110,10 @@ def run(model_cls, args, mesh) -> dict:
     set_sequence_group(model, group)
     local_logits = model(local_inputs, positions=positions)
     local_sum = F.cross_entropy(local_logits.flatten(0, 1), local_labels.flatten(), reduction="sum")
-    (local_sum / labels.numel()).backward()  # TorchTitan: the local sum over the global token count
+    share = local_sum / labels.numel()  # TorchTitan: the local sum over the global token count
+    share.backward()
+    count = torch.tensor(float(labels.numel()))  # before the split: the trainer's local_tokens
+    max_loss = largest_rank_loss(share.detach(), count, count, dims)
     total = local_sum.detach().clone()
     dist.all_reduce(total, group=group)
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -120,18 +127,70 @@ def run(model_cls, args, mesh) -> dict:
         "tokens_match": bool(torch.equal(local_inputs, inputs[:, columns]) and torch.equal(local_labels,
                                                                                            labels[:, columns])),
         "logits_max_diff": (local_logits - logits.detach()[:, columns]).abs().max().item(),
-        "loss": loss.item(), "cp_loss": (total / labels.numel()).item(),
+        "loss": loss.item(), "cp_loss": (total / labels.numel()).item(), "max_loss": max_loss,
         "grad_max_rel_diff": grad_diff,
         "grads_compared": len(whole),
     }
 
 
+class Recorder:
+    """The metrics processor's part the validator uses: what it logs."""
+
+    def __init__(self) -> None:
+        self.ntokens_since_last_log, self.logged = 0, []
+
+    def log_validation(self, loss, step, extra_metrics=None):
+        self.logged.append(loss)
+
+
+def validation(model_cls, args, dims) -> dict:
+    """GammaValidator's loss under CP 2 (the ring stood in for by GatheredAttention) and the
+    loss of the same validation set computed directly in one process, with the same weights."""
+    import contextlib
+
+    from torchtitan.components.loss import cross_entropy_loss
+
+    from gamma_titan.config import load_job_config
+    from gamma_titan.data.loader import validation_set
+    from gamma_titan.training.validator import build_validator
+    from helpers import DEBUG_TOML
+
+    config = load_job_config(["--job.config_file", str(DEBUG_TOML), "--validation.seq_len", str(SEQ),
+                              "--validation.local_batch_size", "2", "--validation.steps", "3"])
+    torch.manual_seed(0)
+    model = model_cls(args)
+    model.init_weights()
+    model.eval()
+    total, count = torch.zeros((), dtype=torch.float64), 0
+    with torch.no_grad():
+        for inputs, labels, _ in validation_set(config).rank_batches(0, 1, 2):
+            total += cross_entropy_loss(model(inputs), labels).double()
+            count += int((labels != -100).sum())
+    group = dims.get_mesh("cp").get_group()
+    for block in model.layers.values():
+        block.attention.sdpa = GatheredAttention(group)
+
+    def positions(module, args_, kwargs):  # what ring attention learns from the sharded batch
+        for block in module.layers.values():
+            block.attention.sdpa.positions = kwargs["positions"]
+
+    model.register_forward_pre_hook(positions, with_kwargs=True)
+    recorder = Recorder()
+    validator = build_validator(config, 1, 0, None, dims, cross_entropy_loss, lambda *_: contextlib.nullcontext(),
+                                contextlib.nullcontext(), recorder)
+    validator.validate([model], step=1)
+    return {"one_process": (total / count).item(), "cp": recorder.logged[0], "sequences": 6}
+
+
 def main() -> None:
-    from torch.distributed.device_mesh import init_device_mesh
+    from torchtitan.distributed import ParallelDims
 
     dist.init_process_group("gloo")
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("cp",))
-    results = {name: run(cls, args, mesh) for name, (cls, args) in models().items()}
+    dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=dist.get_world_size(), tp=1, pp=1, ep=1, etp=1,
+                        world_size=dist.get_world_size())
+    dims.build_mesh()
+    results = {name: run(cls, args, dims) for name, (cls, args) in models().items()}
+    results["validation"] = validation(*models()["dense"], dims)
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, results)
     if dist.get_rank() == 0:
