@@ -219,3 +219,42 @@ def test_the_grouped_kernel_on_the_cpu_matches_the_exact_loop(flavor):
     assert max(v for n, v in rel.items() if ".experts." in n) > 0  # the grouped kernel did run, in bf16
     loss_a, grads_a = _loss_and_grads(model, tokens, "auto")
     assert loss_a == loss and all(torch.equal(grads_a[n], grads[n]) for n in grads)
+
+
+@pytest.mark.parametrize("ep_enabled", [False, True], ids=["no_ep", "ep"])
+def test_compiled_experts_run_the_kernel_torchtitan_compiled(ep_enabled, monkeypatch):
+    """TorchTitan's apply_compile (llama4's, which gamma_moe's parallelize runs) replaces its
+    module's grouped-GEMM function with the compiled one (under EP, one that also marks the
+    token count dynamic); the routed experts must call that, not the eager function bound
+    when our module was imported (which they did: every compiled MoE run ran its experts'
+    SiLU·mul eager)."""
+    from torchtitan.config.job_config import Compile
+    from torchtitan.models.llama4.infra.parallelize import apply_compile
+    from torchtitan.models.moe import moe as titan_moe
+
+    eager = titan_moe._run_experts_grouped_mm
+    monkeypatch.setattr(titan_moe, "_run_experts_grouped_mm", eager)  # put back after the test
+    args = moe_flavors["debug"]
+    args.init.seed = 0
+    model = GammaMoE(args)
+    model.init_weights()
+    for module in model.modules():
+        if hasattr(module, "kernel"):  # RoutedExperts: the grouped kernel, as on a GPU
+            module.kernel = "grouped"
+    with torch._dynamo.config.patch(capture_scalar_outputs=False):  # apply_compile sets it: put back after
+        apply_compile(model, Compile(enable=True, backend="eager"), ep_enabled)
+    installed = titan_moe._run_experts_grouped_mm
+    assert installed is not eager
+    assert ("_dynamic" in installed.__qualname__) == ep_enabled
+    calls = []
+
+    def counting(*tensors):  # the installed kernel, counted
+        calls.append(tensors[3].shape)
+        return installed(*tensors)
+
+    monkeypatch.setattr(titan_moe, "_run_experts_grouped_mm", counting)
+    tokens = torch.randint(0, args.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        model(tokens)
+    moe_layers = sum(1 for block in model.layers.values() if block.moe_enabled)
+    assert moe_layers > 0 and len(calls) == moe_layers

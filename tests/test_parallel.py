@@ -62,3 +62,29 @@ def test_initial_weights_do_not_depend_on_parallel_degrees(tmp_path, builtin_ass
     for layout in ("fsdp2", "tp2"):
         assert converted[layout].keys() == converted["single"].keys()
         assert all(converted[layout][k].equal(v) for k, v in converted["single"].items()), layout
+
+
+def test_float8_tensor_parallel_plans_fit_every_gate(tmp_path):
+    """Tensorwise float8 with TP 2, for every attention gate of gamma_dense and gamma_moe
+    (MHA, MLA): the plan builds and a forward and backward run through it (on torch's fake
+    process group: gloo cannot all-gather float8, tests/scripts/float8_tensor_parallel.py).
+    The headwise gate's projection stays in high precision (too narrow for float8's scaled
+    matmuls) and is column-split with torch's style, the others with torchao's; before,
+    every rank failed at build time ("Expecting module to be Float8Linear")."""
+    import json
+
+    out = tmp_path / "float8_tp.json"
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "scripts" / "float8_tensor_parallel.py"), str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "tests")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cases = json.loads(out.read_text())
+    assert len(cases) == 9
+    for name, case in cases.items():
+        assert case["gradients"] == case["parameters"], name  # the backward reached every parameter
+        linears = case["attention_linears"]
+        assert ("gate_proj" in linears) == (not name.endswith("-none")), name
+        for module, kind in linears.items():
+            assert kind == ("Linear" if module == "gate_proj" and name.endswith("-headwise") else "Float8Linear")
+        heads_in = [m for m in linears if m in ("wq", "wk", "wv", "wq_b", "wkv_b", "gate_proj")]
+        assert all(case["column_split"][m] for m in heads_in), (name, case["column_split"])

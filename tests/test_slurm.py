@@ -268,7 +268,12 @@ def test_the_time_limit_checkpoints_requeues_and_continues_to_the_last_step(ende
     assert s.ends[-1]["JobState"] == "COMPLETED" and s.ends[-1]["ExitCode"] == "0:0", s.ends
     parts = check_resumed_at_the_stop(s)
     text = check_common(s)
-    assert text.count("USR1 to the job script") == len(parts) - 1, text[-3000:]
+    # one USR1 for each start the time limit stopped; the last start may also get its USR1
+    # after training has finished (a loaded machine reaches the signal's offset while the
+    # script wraps up): harmless, the job is COMPLETED
+    finished = text.rindex(f"job {s.job}: finished")
+    late = text.count("USR1 to the job script", finished)
+    assert text.count("USR1 to the job script", 0, finished) == len(parts) - 1 and late <= 1, text[-3000:]
     assert text.count("the time limit is near, training stopped with exit 0: requeued") == len(parts) - 1
     assert "warning: the time limit (2 min) leaves 60 s for the stop" in s.script.read_text()
 

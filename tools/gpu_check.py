@@ -15,13 +15,17 @@ it ran, and a figure that needs another check's run reads "not measured" without
                  itself at the same shape: tokens/s ratio >= 0.95; the gate's cost
   dense_float8   float8 linears: the layers converted (none of the head, router or
                  headwise gate), the loss falls; against dense_bf16's loss and tokens/s
-  moe_mla_bf16   gamma_moe 3B-A0.5B MLA: the loss falls, recompiles bounded, expert load
+  moe_mla_bf16   gamma_moe 3B-A0.5B MLA: the loss falls, recompiles bounded; expert load,
+                 tokens/s and MFU (active parameters) printed
   sigterm_drill  the disk's write bandwidth measured; SIGTERM to `gamma-titan train`: the
                  save within what that disk allows, and a resumed run logs the same loss
   diagnostics    the live diagnostics of dense_bf16's run (every 5 steps): their overhead
   kernels, inspect_moe
                  the SDPA kernel of every attention kind (none the math kernel on a GPU);
                  `gamma-titan inspect` of every MoE config and flavor
+  moe_vs_titan   gamma_moe 3B-A0.5B MLA like TorchTitan's deepseek_v3 (γ 0.5, ε 1e-5, no
+                 gate, no sequence-wise balance loss) and deepseek_v3 itself at the same
+                 shape: tokens/s ratio >= 0.95
   titan_cp2, dense_cp2, moe_cp2, moe_mla_cp2, qwen3_tp2, deepseek_ep2
                  context parallelism (TorchTitan's llama3, gamma_dense, gamma_moe MHA and
                  MLA), TorchTitan's qwen3 tensor and deepseek_v3 expert parallelism, with
@@ -94,6 +98,8 @@ def build_steps(setup: checks.Setup) -> list[Step]:
              lambda d: [("diagnostics", checks.diagnostics(setup))]),
         Step("inspect", ("kernels", "inspect_moe"), setup.budget("inspect"),
              lambda d: checks.inspect_all(setup, d)),
+        # last of the one-GPU checks: a speed comparison, the first to go where time runs out
+        one("moe_vs_titan", checks.moe_vs_titan),
         *[Step(name, (name,), setup.budget(name), lambda d, n=name: [(n, checks.layout_check(setup, n, d))])
           for name in checks.LAYOUTS],
     ]

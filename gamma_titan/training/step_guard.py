@@ -27,14 +27,15 @@ class NonFiniteError(RuntimeError):
 
 
 def parameters_finite(model_parts: list[torch.nn.Module], device) -> bool:
-    """Whether every parameter on every rank is finite (a collective when distributed)."""
+    """Whether every parameter on every rank is finite (a collective when distributed), in
+    one host sync: the max-norms of this rank's shards in one fused reduction (a NaN or an
+    Inf anywhere makes its tensor's max-norm NaN or Inf; a max cannot overflow)."""
+    shards = [local for part in model_parts for p in part.parameters()
+              if (local := p.to_local() if hasattr(p, "to_local") else p).numel()]
     bad = torch.zeros((), device=device)
-    for part in model_parts:
-        for p in part.parameters():
-            local = p.to_local() if hasattr(p, "to_local") else p
-            if local.numel() and not torch.isfinite(local).all():
-                bad.fill_(1.0)
-                break
+    if shards:
+        norms = torch._foreach_norm(shards, ord=float("inf"))
+        bad = torch.stack(norms).isfinite().logical_not().any().to(device=device, dtype=bad.dtype)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)
     return bad.item() == 0
@@ -99,8 +100,10 @@ def step_verdict(loss: torch.Tensor, grad_norm: torch.Tensor | None, stop_reques
     if isinstance(loss, DTensor):  # under tensor parallelism (loss parallel): the same on every TP rank
         loss = loss.full_tensor()
     device = loss.device
+    # torch.full fills on the device; torch.tensor(x, device=cuda) would copy from pageable
+    # host memory, which waits for the queue (the backward) to drain
     votes = torch.stack([loss.detach().float() * (1.0 if counts_loss else 0.0),
-                         torch.tensor(1.0 if stop_requested else 0.0, device=device)])
+                         torch.full((), 1.0 if stop_requested else 0.0, device=device)])
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(votes)
     norm = grad_norm.detach().float().reshape(1) if grad_norm is not None else torch.zeros(1, device=device)

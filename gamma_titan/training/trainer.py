@@ -23,6 +23,7 @@ import re
 import torch
 import torchtitan.distributed.utils as dist_utils
 from torch.distributed._composable.replicate import replicate
+from torch.distributed.tensor import DTensor
 from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.components.dataloader import DataloaderExhaustedError
 from torchtitan.components.loss import IGNORE_INDEX
@@ -164,9 +165,12 @@ class GammaTrainer(Trainer):
             # TorchTitan's pipeline schedule back-propagates each microbatch's loss *sum*
             # (scale_grads=False): divide by the global token count, so the gradient is the
             # mean's, as without pipeline parallelism (and clipping sees the same norm).
-            scale = 1.0 / float(global_tokens)
-            for grad in (p.grad for m in self.model_parts for p in m.parameters() if p.grad is not None):
-                grad.mul_(scale)
+            # One fused kernel, and no host read of the count where it is a device tensor
+            # (no data parallelism).
+            grads = [g.to_local() if isinstance(g, DTensor) else g
+                     for g in (p.grad for m in self.model_parts for p in m.parameters()) if g is not None]
+            if grads:
+                torch._foreach_div_(grads, global_tokens)
         grad_norm = dist_utils.clip_grad_norm_(
             [p for m in self.model_parts for p in m.parameters()], self.job_config.training.max_norm,
             foreach=True, pp_mesh=dims.get_optional_mesh("pp"), ep_enabled=dims.ep_enabled)
@@ -178,6 +182,22 @@ class GammaTrainer(Trainer):
             self.lr_schedulers.step()
         if self.metrics_processor.should_log(self.step):
             self._log(verdict, loss, global_tokens, local_tokens, lr)
+
+    def forward_backward_step(self, *, input_dict, labels, global_valid_tokens):
+        """TorchTitan's; on a pipeline stage before the last, its placeholder loss is made on
+        the device (TorchTitan's `torch.tensor([-1.0], device=...)` copies from pageable
+        host memory: a wait for the queue to drain, every step, on a GPU)."""
+        if not self.parallel_dims.pp_enabled or self.pp_has_last_stage:
+            return super().forward_backward_step(input_dict=input_dict, labels=labels,
+                                                 global_valid_tokens=global_valid_tokens)
+        inputs, labels, extra_inputs, extra_kwargs = self.post_dataloading_process(input_dict, labels)
+        with self.train_context():
+            if self.pp_has_first_stage:
+                self.pp_schedule.step(inputs, **extra_inputs, **extra_kwargs, target=None, losses=None,
+                                      return_outputs=False)
+            else:
+                self.pp_schedule.step(**extra_kwargs, target=None, losses=None, return_outputs=False)
+        return torch.full((1,), -1.0, device=self.device)  # no loss on this stage (TorchTitan's -1)
 
     def _sync_ddp_gradients(self, last: bool) -> None:
         """Under DDP (replicas without shards) gradients are summed over the replicas once a

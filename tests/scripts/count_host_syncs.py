@@ -28,12 +28,15 @@ class Counter(TorchFunctionMode):
     device-to-host transfers a GPU would make for those reads: a read of a tensor counts
     once, unless the tensor is a host copy (.cpu(), .to("cpu")), when the copy counts instead,
     once, if it was blocking (a non_blocking copy is waited for by a later blocking one).
-    Copies whose values are never read on the host (inputs moved to the device) count nothing."""
+    Copies whose values are never read on the host (inputs moved to the device) count nothing.
+    uploads: tensors made from host values on a named device (torch.tensor / as_tensor with
+    `device=`): on a GPU a copy from pageable memory, which waits for the queue to drain."""
 
     def __init__(self):
         super().__init__()
         self.host_reads = 0
         self.transfers = 0
+        self.uploads = 0
         self.copies: dict[int, list] = {}  # id -> [the copy (held: ids stay unique), blocking, counted]
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -42,7 +45,9 @@ class Counter(TorchFunctionMode):
         out = func(*args, **kwargs)
         if paused[0]:
             return out
-        if name in HOST_READS:
+        if name in ("tensor", "as_tensor") and kwargs.get("device") is not None:
+            self.uploads += 1
+        elif name in HOST_READS:
             self.host_reads += 1
             copy = self.copies.get(id(args[0]))
             if copy is None:
@@ -68,8 +73,8 @@ def counted(base):
             reduces = all_reduces[0]
             with Counter() as counter:
                 super().train_step(data_iterator)
-            self.steps.append({"step": self.step, "host_reads": counter.host_reads,
-                               "transfers": counter.transfers, "all_reduces": all_reduces[0] - reduces})
+            self.steps.append({"step": self.step, "host_reads": counter.host_reads, "transfers": counter.transfers,
+                               "uploads": counter.uploads, "all_reduces": all_reduces[0] - reduces})
 
     return Counted
 

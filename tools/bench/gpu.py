@@ -38,6 +38,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE_MODEL = "llama3_bench"  # TorchTitan's llama3 TrainSpec, registered with our shape
+#: TorchTitan's deepseek_v3 TrainSpec at gamma_moe's MLA shape (the GPU check's moe_vs_titan).
+MOE_REFERENCE_MODEL = "deepseek_v3_bench"
 
 VARIANTS = {
     "gamma_bf16": ("gamma_dense", ["--gamma.attention_gate", "elementwise"]),
@@ -96,11 +98,13 @@ def variant_flags(name: str, dry_run: bool) -> tuple[str, list[str]]:
 
 # --- one variant, in its own process -------------------------------------------------------
 
-def register_reference(gamma_argv: list[str]) -> str:
-    """TorchTitan's llama3 TrainSpec with one flavor: the shape of gamma_dense under these
-    flags, and our data, tokenizer and metrics, so that only the model differs."""
+def register_reference(model: str, gamma_argv: list[str]) -> str:
+    """TorchTitan's own TrainSpec (llama3 for REFERENCE_MODEL, deepseek_v3 for
+    MOE_REFERENCE_MODEL) with one flavor: the shape of our model under these flags, and our
+    data, tokenizer and metrics, so that only the model differs."""
     import dataclasses
 
+    from torchtitan.models.deepseek_v3 import get_train_spec as torchtitan_deepseek_v3_spec
     from torchtitan.models.llama3 import get_train_spec as torchtitan_llama3_spec  # TorchTitan's own, not
     from torchtitan.protocols.train_spec import register_train_spec  # the knob-aware one gamma_titan registers
 
@@ -108,27 +112,39 @@ def register_reference(gamma_argv: list[str]) -> str:
     from gamma_titan.training.train_spec import resolve_model, with_our_components
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from reference import llama3_args
+    from reference import deepseek_v3_args, llama3_args
 
-    _, args = resolve_model(load_job_config(gamma_argv))
-    spec = dataclasses.replace(torchtitan_llama3_spec(), model_args={"same_shape": llama3_args(args)})
-    register_train_spec(REFERENCE_MODEL, with_our_components(spec))
+    config = load_job_config(gamma_argv)
+    _, args = resolve_model(config)
+    if model == MOE_REFERENCE_MODEL:
+        theirs = deepseek_v3_args(args, device=_device())
+        theirs.max_seq_len = theirs.original_seq_len = config.training.seq_len
+        spec = dataclasses.replace(torchtitan_deepseek_v3_spec(), model_args={"same_shape": theirs})
+    else:
+        spec = dataclasses.replace(torchtitan_llama3_spec(), model_args={"same_shape": llama3_args(args)})
+    register_train_spec(model, with_our_components(spec))
     return "same_shape"
+
+
+def _device():
+    import torch
+
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def variant_config(model: str, flags: list[str]):
     """The job config of one variant in one process. Our families go through pre-flight,
-    which derives the configs' "auto" (-1) degrees; TorchTitan's llama3 does not, so its
+    which derives the configs' "auto" (-1) degrees; TorchTitan's models do not, so their
     replicate degree (-1: one replica per node) is the one process's 1."""
     from gamma_titan.config import load_job_config
     from gamma_titan.training.preflight import preflight
 
-    if model != REFERENCE_MODEL:
+    if model not in (REFERENCE_MODEL, MOE_REFERENCE_MODEL):
         config = load_job_config(flags)
         preflight(config, world_size=1)
         return config
-    flavor = register_reference(flags)
-    config = load_job_config([*flags, "--model.name", REFERENCE_MODEL, "--model.flavor", flavor])
+    flavor = register_reference(model, flags)
+    config = load_job_config([*flags, "--model.name", model, "--model.flavor", flavor])
     if config.parallelism.data_parallel_replicate_degree == -1:
         config.parallelism.data_parallel_replicate_degree = 1
     return config
@@ -144,6 +160,14 @@ def run_variant(argv: list[str]) -> None:
     config = variant_config(argv[0], argv[1:])
     single_process_env()
     init_logger()
+    if argv[0] == MOE_REFERENCE_MODEL and _device().type != "cuda":
+        # TorchTitan's MoE counts tokens per expert with torch.histc on integers, which the
+        # CPU lacks (a dry run): counted the same way by our scatter (models/common/moe.py)
+        from gamma_titan.models.common.moe import IntegerHistcByScatter
+
+        with IntegerHistcByScatter():
+            run(config)
+        return
     run(config)
 
 

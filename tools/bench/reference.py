@@ -6,6 +6,8 @@ the performance targets.
   gamma_moe (MHA, gate "none",       -> TorchTitan qwen3 with MoE in every layer, QK-norm
   n_dense_layers = 0)                   off, head_dim = dim / n_heads, the same routed and
                                         shared experts, top-k, score function and balancing
+  gamma_moe (MLA, gate "none")       -> TorchTitan deepseek_v3: the same dense and MoE
+                                        layers, low-rank projections, experts and routing
 
 Parameter counts are checked to be equal, so a speed or memory ratio compares the same
 arithmetic done by two implementations.
@@ -58,6 +60,31 @@ def qwen3_moe_args(moe, device: torch.device):
     )
 
 
+def deepseek_v3_args(moe, device: torch.device):
+    """TorchTitan's DeepSeekV3ModelArgs for a gamma_moe MLA shape (its first
+    `n_dense_layers` dense, the rest MoE; the same low-rank projections, routed and shared
+    experts, top-k, score function and balancing), with RoPE unscaled (YaRN only past
+    `original_seq_len`, set to the sequence length), to run on `device` (grouped GEMMs only
+    for CUDA, as for qwen3)."""
+    import dataclasses
+
+    from torchtitan.models.deepseek_v3.model.args import DeepSeekV3ModelArgs
+
+    if moe.attention != "mla":
+        raise ValueError("deepseek_v3 has MLA attention: use attention = 'mla'")
+    args = DeepSeekV3ModelArgs(
+        dim=moe.dim, n_layers=moe.n_layers, n_dense_layers=moe.n_dense_layers, n_heads=moe.n_heads,
+        vocab_size=moe.vocab_size, inter_dim=moe.ffn_hidden_dim, moe_inter_dim=moe.moe_hidden_dim,
+        norm_eps=moe.norm_eps, q_lora_rank=moe.q_lora_rank, kv_lora_rank=moe.kv_lora_rank,
+        qk_nope_head_dim=moe.qk_nope_head_dim, qk_rope_head_dim=moe.qk_rope_head_dim, v_head_dim=moe.v_head_dim,
+        max_seq_len=moe.max_seq_len, original_seq_len=moe.max_seq_len, rope_theta=moe.rope_theta,
+        attn_type="sdpa", attn_mask_type="causal",
+        moe_args=dataclasses.replace(moe.moe_args(), use_grouped_mm=device.type == "cuda"),
+    )
+    args.moe_impl = "standard"  # what update_from_config sets from [parallelism]'s default
+    return args
+
+
 def build(model_cls, args, device: torch.device) -> torch.nn.Module:
     with torch.device("meta"):
         model = model_cls(args)
@@ -77,6 +104,12 @@ def qwen3_moe_model(moe, device):
     from torchtitan.models.qwen3.model.model import Qwen3Model
 
     return build(Qwen3Model, qwen3_moe_args(moe, device), device)
+
+
+def deepseek_v3_model(moe, device):
+    from torchtitan.models.deepseek_v3.model.model import DeepSeekV3Model
+
+    return build(DeepSeekV3Model, deepseek_v3_args(moe, device), device)
 
 
 @contextlib.contextmanager

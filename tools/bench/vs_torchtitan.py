@@ -8,6 +8,12 @@ identical shape, side by side in one process.
          (targets: tokens/s ratio >= 0.97, peak memory ratio <= 1.03)
   moe:   gamma_moe, MHA, gate "none", MoE in every layer vs TorchTitan qwen3 MoE
          (target: tokens/s ratio >= 0.95)
+  moe_mla: gamma_moe, MLA, gate "none" vs TorchTitan deepseek_v3, same dense and MoE
+         layers, experts, shared experts and routing (target: tokens/s ratio >= 1.0)
+
+The MoE pairs add gamma_moe with its knobs on (elementwise gate; γ and ε change no
+arithmetic): its tokens/s against TorchTitan's, next to what the gate's FLOPs predict
+(target: within 2% of the prediction).
 
 Both models of a pair get the same tokens, the same AdamW and the same training step
 (tools/bench/common.py: forward, TorchTitan's loss, backward, clipping, step); their
@@ -46,15 +52,17 @@ def settings(compile_: bool):
                             "--activation_checkpoint.mode", "none"])
 
 
-def pair(ours, theirs, names: tuple[str, str], spec_names: tuple[str, str], vocab: int, seq_len: int,
-         batch: int, compile_: bool) -> list[Variant]:
+def pair(ours, theirs, names: tuple[str, ...], spec_names: tuple[str, ...], vocab: int, seq_len: int,
+         batch: int, compile_: bool, knobs_on=None) -> list[Variant]:
+    """Ours, theirs (and ours with the knobs on, when given), ready to time."""
     from torchtitan.components.loss import build_cross_entropy_loss
 
     reference.same_parameter_count(ours, theirs)
     config = settings(compile_)
     tokens = random_tokens(vocab, batch, seq_len)
     variants = []
-    for model, name, spec in zip((ours, theirs), names, spec_names):
+    models = (ours, theirs) if knobs_on is None else (ours, theirs, knobs_on)
+    for model, name, spec in zip(models, names, spec_names):
         if compile_:
             model = reference.parallelize_one_process(model, spec, config)
             name += ", compiled"
@@ -78,11 +86,49 @@ def moe_pair(flavor: str, seq_len: int, batch: int, compile_: bool = False) -> l
     args.check()
     ours = reference.build(GammaMoE, args, device())
     theirs = reference.qwen3_moe_model(args, device())
-    return pair(ours, theirs, (f"gamma_moe {flavor}, MHA, gate none", "TorchTitan qwen3 MoE, same shape"),
-                ("gamma_moe", "qwen3"), args.vocab_size, seq_len, batch, compile_)
+    variants = pair(ours, theirs, (f"gamma_moe {flavor}, MHA, gate none", "TorchTitan qwen3 MoE, same shape",
+                                   f"gamma_moe {flavor}, MHA, gate elementwise"),
+                    ("gamma_moe", "qwen3", "gamma_moe"), args.vocab_size, seq_len, batch, compile_,
+                    knobs_on=gated(args))
+    return with_flops(variants, args, seq_len)
 
 
-TARGETS = {"dense": ("llama3", 0.97, 1.03), "moe": ("qwen3 MoE", 0.95, None)}
+def moe_mla_pair(flavor: str, seq_len: int, batch: int, compile_: bool = False) -> list[Variant]:
+    args = dataclasses.replace(moe_flavors[flavor], attention="mla", attention_gate="none", max_seq_len=seq_len)
+    args.check()
+    ours = reference.build(GammaMoE, args, device())
+    theirs = reference.deepseek_v3_model(args, device())
+    variants = pair(ours, theirs, (f"gamma_moe {flavor}, MLA, gate none", "TorchTitan deepseek_v3, same shape",
+                                   f"gamma_moe {flavor}, MLA, gate elementwise"),
+                    ("gamma_moe", "deepseek_v3", "gamma_moe"), args.vocab_size, seq_len, batch, compile_,
+                    knobs_on=gated(args))
+    return with_flops(variants, args, seq_len)
+
+
+def gated(args) -> torch.nn.Module:
+    """The same shape with the paper's knobs on: the elementwise gate (γ = 1 and ε = 1e-12
+    change no arithmetic)."""
+    return reference.build(GammaMoE, knobs_on(args), device())
+
+
+def knobs_on(args):
+    on = dataclasses.replace(args, attention_gate="elementwise")
+    on.check()
+    return on
+
+
+def with_flops(variants: list[Variant], args, seq_len: int) -> list[Variant]:
+    """Training FLOPs per token of the pair's shape (both sides: the same arithmetic) and of
+    the knobs-on model (the gate's projection added)."""
+    ours, theirs, on = variants
+    ours.flops_per_token = theirs.flops_per_token = args.flops_per_token(seq_len)
+    on.flops_per_token = knobs_on(args).flops_per_token(seq_len)
+    return variants
+
+
+#: pair: (TorchTitan's model, tokens/s target, peak memory target or None, flavors' choice).
+TARGETS = {"dense": ("llama3", 0.97, 1.03), "moe": ("qwen3 MoE", 0.95, None), "moe_mla": ("deepseek_v3", 1.0, None)}
+PAIRS = {"dense": dense_pair, "moe": moe_pair, "moe_mla": moe_mla_pair}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -90,16 +136,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pairs", nargs="+", choices=list(TARGETS), default=list(TARGETS))
     parser.add_argument("--dense-flavor", default="debug", choices=list(dense_flavors))
     parser.add_argument("--moe-flavor", default="debug", choices=[f for f in moe_flavors if "mla" not in f])
+    parser.add_argument("--moe-mla-flavor", default="debug_mla", choices=list(moe_flavors))
     parser.add_argument("--compile", action="store_true", help="both models compiled, as their trainers do")
     add_round_args(parser)
     ns = parser.parse_args(argv)
     apply_quick(ns)
 
+    flavors = {"dense": ns.dense_flavor, "moe": ns.moe_flavor, "moe_mla": ns.moe_mla_flavor}
     results = {}
     for kind in ns.pairs:
         torch.manual_seed(0)
-        variants = (dense_pair(ns.dense_flavor, ns.seq_len, ns.batch, ns.compile) if kind == "dense"
-                    else moe_pair(ns.moe_flavor, ns.seq_len, ns.batch, ns.compile))
+        variants = PAIRS[kind](flavors[kind], ns.seq_len, ns.batch, ns.compile)
         with reference.cpu_histc():
             interleave(variants, ns.reps, ns.steps, warmup=2 if ns.compile else 1)
             for v in variants:
@@ -107,17 +154,24 @@ def main(argv: list[str] | None = None) -> None:
         print(header(f"\n[{kind}]", ns.batch, ns.seq_len, ns.reps, ns.steps))
         for v in variants:
             print(describe(v))
-        ours, theirs = variants
-        results[kind] = (paired_ratio(ours, theirs), ours.peak_bytes / theirs.peak_bytes)
+        ours, theirs = variants[:2]
+        knobs = None
+        if len(variants) == 3:  # ours with the knobs on: against TorchTitan, and what FLOPs predict
+            knobs = (paired_ratio(variants[2], theirs), theirs.flops_per_token / variants[2].flops_per_token)
+        results[kind] = (paired_ratio(ours, theirs), ours.peak_bytes / theirs.peak_bytes, knobs)
         del variants, ours, theirs
 
     print()
     compiled = ", compiled" if ns.compile else ""
-    for kind, (speed, memory) in results.items():
+    for kind, (speed, memory, knobs) in results.items():
         name, speed_target, memory_target = TARGETS[kind]
         memory_note = f" (target <= {memory_target})" if memory_target else ""
         print(f"ratio {kind} gamma/{name}{compiled}: tokens/s {speed:.3f} (target >= {speed_target}), "
               f"peak memory {memory:.3f}{memory_note}")
+        if knobs:
+            on, predicted = knobs
+            print(f"ratio {kind} gamma knobs on/{name}{compiled}: tokens/s {on:.3f}, the gate's FLOPs predict "
+                  f"{predicted:.3f}: {on / predicted:.3f} of the prediction (target >= 0.98)")
 
 
 if __name__ == "__main__":

@@ -70,6 +70,9 @@ CPU_COMPILE_S = {"dense_default": 47.1, "dense_like_llama3": 29.4, "dense_llama3
 #: 1.21 x the bf16 graph's time (19.1 s against 17.7 s, 25.5 against 21.0); taken as 1.25.
 FLOAT8_COMPILE_FACTOR = 1.25
 CPU_COMPILE_S["dense_float8"] = FLOAT8_COMPILE_FACTOR * CPU_COMPILE_S["dense_default"]
+#: moe_vs_titan's two runs, not measured on their own: the same MLA shape as moe_mla_bf16
+#: without the gate (ours) or in TorchTitan's code (deepseek_v3), each cold; taken as its.
+CPU_COMPILE_S["moe_like_deepseek_v3"] = CPU_COMPILE_S["moe_deepseek_v3"] = CPU_COMPILE_S["moe_mla_bf16"]
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,9 @@ BUDGETS: dict[str, Budget] = {
     # gamma_dense like llama3 and TorchTitan's llama3 at the same shape
     "dense_vs_titan": Budget(runs=2, init=2 * 3, compile=CPU_COMPILE_S["dense_like_llama3"]
                              + CPU_COMPILE_S["dense_llama3"], steps=2 * STEPS * STEP_S_DENSE),
+    # gamma_moe like deepseek_v3 and TorchTitan's deepseek_v3 at the same shape, each compiled cold
+    "moe_vs_titan": Budget(runs=2, init=2 * 4, compile=CPU_COMPILE_S["moe_like_deepseek_v3"]
+                           + CPU_COMPILE_S["moe_deepseek_v3"], steps=2 * STEPS * STEP_S_MOE),
     # from dense_bf16's run: no process of its own
     "diagnostics": Budget(read=2),
     # one process, 6 configs inspected 2 layers deep on the CPU (~3 s each)
@@ -311,6 +317,10 @@ LIKE_LLAMA3 = ["--gamma.init_rate", "0.5", "--gamma.norm_eps", "1e-5", "--gamma.
 #: recipe (TorchTitan builds a recipe's config without `emulate`; preflight refuses both).
 FLOAT8 = ["--model.converters", "quantize.linear.float8", "--quantize.linear.float8.recipe_name", "tensorwise"]
 FLOAT8_EMULATED = ["--model.converters", "quantize.linear.float8"]
+#: gamma_moe configured as TorchTitan's deepseek_v3 computes: no gate, TorchTitan's init and
+#: ε, no sequence-wise balance loss (deepseek_v3 balances by the expert bias alone).
+LIKE_DEEPSEEK_V3 = ["--gamma.init_rate", "0.5", "--gamma.norm_eps", "1e-5", "--gamma.attention_gate", "none",
+                    "--model_args.aux_loss_coeff", "0"]
 
 
 def compiled_runs(setup: Setup) -> list[tuple[str, list[str]]]:
@@ -319,6 +329,7 @@ def compiled_runs(setup: Setup) -> list[tuple[str, list[str]]]:
     # tools/bench/gpu.py trains in its own process (no torchrun): no --nproc
     bench_flags = ["--job.config_file", str(REPO / setup.dense), *common[2:], *LIKE_LLAMA3]
     config, *flavor = setup.moe
+    moe_bench_flags = ["--job.config_file", str(REPO / config), *flavor, *common[2:], *LIKE_DEEPSEEK_V3]
     return [
         ("dense_default", [*CLI, "train", setup.dense, *common, "--gamma.diagnostics.enable", "true",
                            "--gamma.diagnostics.freq", str(setup.diagnostics_freq)]),
@@ -326,6 +337,9 @@ def compiled_runs(setup: Setup) -> list[tuple[str, list[str]]]:
         ("moe_mla_bf16", [*CLI, "train", config, *flavor, *common]),
         ("dense_like_llama3", [*CLI, "train", setup.dense, *common, *LIKE_LLAMA3]),
         ("dense_llama3", [sys.executable, str(BENCH_GPU), "--run-variant", "llama3_bench", *bench_flags]),
+        ("moe_like_deepseek_v3", [*CLI, "train", config, *flavor, *common, *LIKE_DEEPSEEK_V3]),
+        ("moe_deepseek_v3", [sys.executable, str(BENCH_GPU), "--run-variant", "deepseek_v3_bench",
+                             *moe_bench_flags]),
     ]
 
 
@@ -413,7 +427,16 @@ def dense_float8(setup: Setup, deadline: float) -> Verdict:
 def moe_mla_bf16(setup: Setup, deadline: float) -> Verdict:
     run = run_named(setup, "moe_mla_bf16", deadline)
     return judge_moe(run, setup.steps, first_step_loss(setup.moe), compiled=not setup.dry_run,
-                     min_drop=DRY_RUN_MIN_LOSS_DROP if setup.dry_run else MIN_LOSS_DROP)
+                     min_drop=DRY_RUN_MIN_LOSS_DROP if setup.dry_run else MIN_LOSS_DROP, warmup=setup.warmup)
+
+
+def moe_vs_titan(setup: Setup, deadline: float) -> Verdict:
+    """Like for like against TorchTitan's deepseek_v3 at the same MLA shape (tokens/s)."""
+    ours = run_named(setup, "moe_like_deepseek_v3", deadline)
+    titan = run_named(setup, "moe_deepseek_v3", deadline)
+    return judge_vs_titan(ours, titan, None, setup.steps, setup.warmup, 0.0, compiled=not setup.dry_run,
+                          min_speed=0.0 if setup.dry_run else MIN_SPEED_VS_TITAN,  # CPU: noisy, printed only
+                          names=("gamma_moe (like deepseek_v3)", "deepseek_v3"))
 
 
 #: The debug MoE's loss over the dry run's 5 steps (lr still warming up): it fell 4.1% in 4

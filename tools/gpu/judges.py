@@ -160,12 +160,16 @@ def judge_dense(run: Run, steps: int, warmup: int, expected_first: float | None,
 
 
 def judge_vs_titan(ours: Run, titan: Run, default: Run | None, steps: int, warmup: int, gate_flop_share: float,
-                   compiled: bool = True, min_speed: float = MIN_SPEED_VS_TITAN) -> Verdict:
+                   compiled: bool = True, min_speed: float = MIN_SPEED_VS_TITAN,
+                   names: tuple[str, str] = ("gamma (like llama3)", "llama3")) -> Verdict:
     """dense_vs_titan: `ours` (gamma_dense with γ 0.5, ε 1e-5, no gate) against `titan`
     (TorchTitan's llama3, same shape): tokens/s ratio >= min_speed. The gate's cost,
     `default`'s tokens/s over `ours` next to its FLOP share, is printed where dense_bf16
-    left its run, and "not measured" where it did not (never a failure here)."""
-    runs = {"gamma (like llama3)": ours, "llama3": titan}
+    left its run, and "not measured" where it did not (never a failure here).
+    moe_vs_titan: the same for gamma_moe against TorchTitan's deepseek_v3 (`names`), with
+    no gate figure (`default` None, a gate FLOP share of 0)."""
+    ours_name, titan_name = names
+    runs = {ours_name: ours, titan_name: titan}
     failures = [f for name, run in runs.items() for f in run_failures(run, steps, name)]
     if compiled:
         failures += [f for name, run in runs.items() for f in compile_failures(run, name)]
@@ -179,17 +183,20 @@ def judge_vs_titan(ours: Run, titan: Run, default: Run | None, steps: int, warmu
     if None in tps.values():
         failures.append("no timed steps")
         return _verdict(failures, "", details)
-    speed = tps["gamma (like llama3)"] / tps["llama3"]
+    speed = tps[ours_name] / tps[titan_name]
     details["speed_vs_titan"] = speed
     if speed < min_speed:
-        failures.append(f"like for like {speed:.3f}x llama3's tokens/s (at least {min_speed})")
+        failures.append(f"like for like {speed:.3f}x {titan_name}'s tokens/s (at least {min_speed})")
+    figure = f"like {titan_name}: {speed:.3f}x its tokens/s"
+    if not gate_flop_share:
+        return _verdict(failures, figure, details)
     default_tps = default.median("tps", warmup) if default is not None else None
     if default_tps:
-        details["gate_speed_ratio"] = gate = default_tps / tps["gamma (like llama3)"]
+        details["gate_speed_ratio"] = gate = default_tps / tps[ours_name]
         gate_figure = f"gate: {gate:.3f}x tokens/s (its FLOP share {gate_flop_share:.1%})"
     else:
         gate_figure = "gate cost not measured (no dense_bf16 run)"
-    return _verdict(failures, f"like llama3: {speed:.3f}x its tokens/s; {gate_figure}", details)
+    return _verdict(failures, f"{figure}; {gate_figure}", details)
 
 
 #: The float8 log line the trainer writes (gamma_titan/training/trainer.py, `float8_layers`).
@@ -254,14 +261,17 @@ def moe_load(records: list[dict]) -> float | None:
 
 
 def judge_moe(run: Run, steps: int, expected_first: float | None, compiled: bool = True,
-              min_drop: float = MIN_LOSS_DROP) -> Verdict:
+              min_drop: float = MIN_LOSS_DROP, warmup: int = 0) -> Verdict:
     """moe_mla_bf16: finishes, step 1 at the init's loss, the loss falls by `min_drop` of
-    step 1's, recompiles within MAX_RECOMPILES; expert load max/mean printed."""
+    step 1's, recompiles within MAX_RECOMPILES; expert load max/mean, tokens/s and MFU
+    (the trainer's: FLOPs of the active parameters) printed."""
     failures = run_failures(run, steps) + (compile_failures(run) if compiled else [])
     failures += first_loss_failures(run, expected_first)
     losses, load = run.losses, moe_load(run.records)
+    tps, mfu = run.median("tps", warmup), run.median("mfu", warmup)
     details = {"losses": losses, "load_max_over_mean": load, "recompiles": run.recompiles, "min_loss_drop": min_drop,
-               "compile_seconds": run.compile_seconds, "run_seconds": run.seconds}
+               "tokens_per_s": tps, "mfu_percent": mfu, "compile_seconds": run.compile_seconds,
+               "run_seconds": run.seconds}
     if len(losses) >= 2:
         drop = 1 - min(losses[-3:]) / losses[0]
         details["loss_drop"] = drop
@@ -269,8 +279,9 @@ def judge_moe(run: Run, steps: int, expected_first: float | None, compiled: bool
             failures.append(f"loss {losses[0]:.3f} -> {losses[-1]:.3f}: fell {drop:.1%} (at least {min_drop:.0%})")
     if load is None:
         failures.append("no expert load logged")
+    speed = f", {tps:,.0f} tokens/s, MFU {mfu:.1f}%" if tps is not None and mfu is not None else ""
     figure = (f"loss {losses[0]:.3f} -> {losses[-1]:.3f}, expert load max/mean {load:.2f}, "
-              f"{run.recompiles} recompiles" if losses and load is not None else "")
+              f"{run.recompiles} recompiles{speed}" if losses and load is not None else "")
     return _verdict(failures, figure, details)
 
 

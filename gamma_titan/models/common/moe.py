@@ -34,10 +34,10 @@ from torch import nn
 from torch._subclasses.fake_tensor import is_fake
 from torch.distributed.tensor import DTensor
 from torch.overrides import TorchFunctionMode
+from torchtitan.models.moe import moe as titan_moe
 from torchtitan.models.moe import utils as moe_utils
 from torchtitan.models.moe.kernels import generate_permute_indices
-from torchtitan.models.moe.moe import (GroupedExperts, MoE, MoEArgs, TokenReorderer, _run_experts_for_loop,
-                                       _run_experts_grouped_mm)
+from torchtitan.models.moe.moe import GroupedExperts, MoE, MoEArgs, TokenReorderer, _run_experts_for_loop
 from torchtitan.tools.utils import _round_up
 
 
@@ -280,11 +280,16 @@ class RoutedExperts(GroupedExperts):
             # expert instead makes every expert's backward write a zero gradient as large as
             # the whole stack (64 experts of 768 x 256: ~95% of a qwen3 debugmodel_moe step).
             return _run_experts_for_loop(w1.unbind(0), w2.unbind(0), w3.unbind(0), x, num_tokens_per_expert)
+        # TorchTitan's kernel looked up at each call, as its GroupedExperts does: its
+        # apply_compile replaces the module's function with the compiled one (marked dynamic
+        # in the token count under expert parallelism); a reference bound at import would
+        # keep running the eager SiLU·mul
+        grouped_mm = titan_moe._run_experts_grouped_mm
         if isinstance(self.w1, DTensor) and "ep" in self.w1.device_mesh.mesh_dim_names:
             # ExpertParallel's dispatch has permuted and padded the tokens already
-            return _run_experts_grouped_mm(w1, w2, w3, x, num_tokens_per_expert)
+            return grouped_mm(w1, w2, w3, x, num_tokens_per_expert)
         shape, x, order, sizes = permute_by_local_expert(x, num_tokens_per_expert, 1, self.num_experts)
-        return unpermute(_run_experts_grouped_mm(w1, w2, w3, x, sizes), shape, order)
+        return unpermute(grouped_mm(w1, w2, w3, x, sizes), shape, order)
 
 
 class MoELayer(MoE):

@@ -68,12 +68,25 @@ def _all_reduce_sum(group, bucket):
 @dataclass(frozen=True)
 class TPStyles:
     """What a module's tensor-parallel plan is made of: torch's styles, or torchao's float8
-    ones under float8 tensorwise training, and the TP mesh."""
+    ones under float8 tensorwise training, and the TP mesh. Under float8, `plain` holds
+    torch's styles for the linears float8 left in high precision (`fitting`)."""
 
     colwise: type
     rowwise: type
     prepare_input: type
     mesh: object
+    plain: TPStyles | None = None
+    float8_linear: type | None = None
+
+    def fitting(self, *modules: nn.Module) -> TPStyles:
+        """The styles for these modules together: the float8 ones if float8 converted every
+        one of them, else torch's. torchao's float8 styles refuse a plain nn.Linear (one in
+        quantize.linear.float8.filter_fqns, such as the headwise gate's projection), and a
+        float8 input preparation hands float8 tensors to every linear it feeds, which a
+        plain nn.Linear cannot multiply: the modules fed by one input are fitted together."""
+        if self.plain is None or all(isinstance(m, self.float8_linear) for m in modules):
+            return self
+        return self.plain
 
 
 def apply_tp(model: nn.Module, tp_mesh, loss_parallel: bool, float8_tensorwise: bool) -> None:
@@ -92,15 +105,14 @@ def apply_tp(model: nn.Module, tp_mesh, loss_parallel: bool, float8_tensorwise: 
             ),
         },
     )
+    styles = TPStyles(ColwiseParallel, RowwiseParallel, PrepareModuleInput, tp_mesh)
     if float8_tensorwise:
-        from torchao.float8.float8_tensor_parallel import (
-            Float8ColwiseParallel as colwise,
-            Float8RowwiseParallel as rowwise,
-            PrepareFloat8ModuleInput as prepare_input,
-        )
-    else:
-        colwise, rowwise, prepare_input = ColwiseParallel, RowwiseParallel, PrepareModuleInput
-    styles = TPStyles(colwise, rowwise, prepare_input, tp_mesh)
+        from torchao.float8.float8_linear import Float8Linear
+        from torchao.float8.float8_tensor_parallel import (Float8ColwiseParallel, Float8RowwiseParallel,
+                                                           PrepareFloat8ModuleInput)
+
+        styles = TPStyles(Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput, tp_mesh,
+                          plain=styles, float8_linear=Float8Linear)
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, block_tp_plan(block, styles))
     logger.info(f"Applied {'Float8 tensorwise ' if float8_tensorwise else ''}tensor parallelism")
@@ -136,11 +148,12 @@ def block_tp_plan(block: nn.Module, styles: TPStyles) -> dict:
 
 def swiglu_tp_plan(ffn: SwiGLU, styles: TPStyles) -> dict:
     """The hidden width split: w1, w3 column-parallel, w2 row-parallel back to sequence shards."""
+    fed = styles.fitting(ffn.w1, ffn.w3)  # both read the block's input
     return {
-        "": styles.prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-        "w1": styles.colwise(),
-        "w2": styles.rowwise(output_layouts=Shard(1)),
-        "w3": styles.colwise(),
+        "": fed.prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "w1": fed.colwise(),
+        "w2": styles.fitting(ffn.w2).rowwise(output_layouts=Shard(1)),
+        "w3": fed.colwise(),
     }
 
 
@@ -150,8 +163,11 @@ def attention_tp_plan(attention: nn.Module, styles: TPStyles) -> dict:
     tensors. In MLA the low-rank down-projections and their norms are replicated
     (NoParallel keeps their weights as replicated DTensors, so their gradients are
     complete on every rank); the up-projections into heads are column-parallel."""
-    colwise, prepare_input = styles.colwise, styles.prepare_input
-    plan = {"wo": styles.rowwise(output_layouts=Shard(1))}
+    # the linears that read the attention's input (MLA's wq or wq_a, wkv_a): fitted together
+    fed = styles.fitting(*(child for name, child in attention.named_children()
+                           if isinstance(child, nn.Linear) and name != "wo"))
+    colwise, prepare_input = fed.colwise, fed.prepare_input
+    plan = {"wo": styles.fitting(attention.wo).rowwise(output_layouts=Shard(1))}
     if hasattr(attention, "gate_proj"):
         plan["gate_proj"] = colwise()
     if not isinstance(attention, GatedMLA):
