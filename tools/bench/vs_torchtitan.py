@@ -1,8 +1,9 @@
 """Training speed and peak memory of gamma_titan's models against TorchTitan's own at the
 identical shape, side by side in one process.
 
-    .venv/bin/python tools/bench/vs_torchtitan.py [--pairs dense moe] [--dense-flavor debug]
-        [--moe-flavor debug] [--seq-len 256] [--batch 8] [--reps 21] [--steps 1] [--compile] [--quick]
+    .venv/bin/python tools/bench/vs_torchtitan.py [--pairs dense moe moe_mla] [--dense-flavor debug]
+        [--moe-flavor debug] [--moe-mla-flavor debug_mla] [--seq-len 256] [--batch 8] [--reps 21]
+        [--steps 1] [--compile] [--quick]
 
   dense: gamma_dense with attention_gate = "none" vs TorchTitan llama3
          (targets: tokens/s ratio >= 0.97, peak memory ratio <= 1.03)
@@ -81,52 +82,40 @@ def dense_pair(flavor: str, seq_len: int, batch: int, compile_: bool = False) ->
 
 
 def moe_pair(flavor: str, seq_len: int, batch: int, compile_: bool = False) -> list[Variant]:
+    """gamma_moe MHA with MoE in every layer against TorchTitan's qwen3 MoE."""
     args = dataclasses.replace(moe_flavors[flavor], attention="mha", attention_gate="none", n_dense_layers=0,
                                max_seq_len=seq_len)
-    args.check()
-    ours = reference.build(GammaMoE, args, device())
-    theirs = reference.qwen3_moe_model(args, device())
-    variants = pair(ours, theirs, (f"gamma_moe {flavor}, MHA, gate none", "TorchTitan qwen3 MoE, same shape",
-                                   f"gamma_moe {flavor}, MHA, gate elementwise"),
-                    ("gamma_moe", "qwen3", "gamma_moe"), args.vocab_size, seq_len, batch, compile_,
-                    knobs_on=gated(args))
-    return with_flops(variants, args, seq_len)
+    return moe_against(args, reference.qwen3_moe_model, "qwen3", "TorchTitan qwen3 MoE", flavor, seq_len, batch,
+                       compile_)
 
 
 def moe_mla_pair(flavor: str, seq_len: int, batch: int, compile_: bool = False) -> list[Variant]:
+    """gamma_moe MLA against TorchTitan's deepseek_v3."""
     args = dataclasses.replace(moe_flavors[flavor], attention="mla", attention_gate="none", max_seq_len=seq_len)
+    return moe_against(args, reference.deepseek_v3_model, "deepseek_v3", "TorchTitan deepseek_v3", flavor, seq_len,
+                       batch, compile_)
+
+
+def moe_against(args, build_theirs, their_spec: str, their_name: str, flavor: str, seq_len: int, batch: int,
+                compile_: bool) -> list[Variant]:
+    """Ours (gate none), theirs at the same shape, and ours with the knobs on (the
+    elementwise gate; γ and ε change no arithmetic), with their training FLOPs per token."""
     args.check()
-    ours = reference.build(GammaMoE, args, device())
-    theirs = reference.deepseek_v3_model(args, device())
-    variants = pair(ours, theirs, (f"gamma_moe {flavor}, MLA, gate none", "TorchTitan deepseek_v3, same shape",
-                                   f"gamma_moe {flavor}, MLA, gate elementwise"),
-                    ("gamma_moe", "deepseek_v3", "gamma_moe"), args.vocab_size, seq_len, batch, compile_,
-                    knobs_on=gated(args))
-    return with_flops(variants, args, seq_len)
-
-
-def gated(args) -> torch.nn.Module:
-    """The same shape with the paper's knobs on: the elementwise gate (γ = 1 and ε = 1e-12
-    change no arithmetic)."""
-    return reference.build(GammaMoE, knobs_on(args), device())
-
-
-def knobs_on(args):
     on = dataclasses.replace(args, attention_gate="elementwise")
     on.check()
-    return on
-
-
-def with_flops(variants: list[Variant], args, seq_len: int) -> list[Variant]:
-    """Training FLOPs per token of the pair's shape (both sides: the same arithmetic) and of
-    the knobs-on model (the gate's projection added)."""
-    ours, theirs, on = variants
-    ours.flops_per_token = theirs.flops_per_token = args.flops_per_token(seq_len)
-    on.flops_per_token = knobs_on(args).flops_per_token(seq_len)
+    kind = args.attention.upper()
+    variants = pair(reference.build(GammaMoE, args, device()), build_theirs(args, device()),
+                    (f"gamma_moe {flavor}, {kind}, gate none", f"{their_name}, same shape",
+                     f"gamma_moe {flavor}, {kind}, gate elementwise"),
+                    ("gamma_moe", their_spec, "gamma_moe"), args.vocab_size, seq_len, batch, compile_,
+                    knobs_on=reference.build(GammaMoE, on, device()))
+    ours, theirs, gated = variants
+    ours.flops_per_token = theirs.flops_per_token = args.flops_per_token(seq_len)  # the same arithmetic
+    gated.flops_per_token = on.flops_per_token(seq_len)  # the gate's projection added
     return variants
 
 
-#: pair: (TorchTitan's model, tokens/s target, peak memory target or None, flavors' choice).
+#: pair: (TorchTitan's model, tokens/s target, peak memory target or None).
 TARGETS = {"dense": ("llama3", 0.97, 1.03), "moe": ("qwen3 MoE", 0.95, None), "moe_mla": ("deepseek_v3", 1.0, None)}
 PAIRS = {"dense": dense_pair, "moe": moe_pair, "moe_mla": moe_mla_pair}
 
