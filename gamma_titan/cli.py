@@ -181,7 +181,8 @@ def cmd_eval(ns, overrides: list[str]) -> int:
                          include_path=ns.include_path, limit=ns.limit, num_fewshot=ns.num_fewshot,
                          batch_size=ns.batch_size, out=ns.out, overwrite=ns.overwrite,
                          device=ns.device or ("cuda" if _cuda() else "cpu"))
-    print(out)
+    print(evaluation.metrics_table(out), end="")
+    print(f"results: {out}")
     return 0
 
 

@@ -130,6 +130,15 @@ def primary_metric(metrics: dict[str, float]) -> tuple[str, float] | None:
     return None
 
 
+def metrics_table(results: str | Path) -> str:
+    """Markdown: every metric of every task of one results file, ×100 (what `eval` prints)."""
+    metrics = json.loads(Path(results).read_text(encoding="utf-8"))["metrics"]
+    lines = ["| task | metric | value |", "|---|---|---:|"]
+    lines += [f"| {task} | {name} | {100 * value:.2f} |" for task in sorted(metrics)
+              for name, value in sorted(metrics[task].items())]
+    return "\n".join(lines) + "\n"
+
+
 def compare(first: str | Path, second: str | Path, labels: tuple[str, str] | None = None) -> str:
     """Markdown: one row per task in both files, the primary metric ×100, and the gain."""
     runs = []

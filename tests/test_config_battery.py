@@ -111,6 +111,9 @@ BATTERY = [
     (DENSE, ["--parallelism.expert_parallel_degree", "2"], 2,
      "parallelism.expert_parallel_degree = 2 applies to MoE models; gamma_dense has no experts; use "
      "--parallelism.expert_parallel_degree 1 (shard 2)"),
+    (MOE, ["--parallelism.expert_parallel_degree", "3"], 2,  # the nearest degree that works, not 1
+     "parallelism.expert_parallel_degree = 3 must divide the data-parallel shard degree (2) x context parallel "
+     "degree (1); use --parallelism.expert_parallel_degree 2 (shard 2 x ep 2)"),
     (MOE, ["--parallelism.expert_parallel_degree", "3"], 3,
      "parallelism.expert_parallel_degree = 3 must divide model_args.n_routed_experts = 8; use "
      "--parallelism.expert_parallel_degree 1 (shard 3)"),

@@ -121,6 +121,9 @@ def test_logits_match_ours_in_transformers(dense):
 
 def test_round_trip_is_bitwise(dense, tmp_path):
     root, _, step, _ = dense
+    # the weights are as readable as the rest of the folder (safetensors wrote them 0600)
+    mode = lambda name: (root / "hf" / name).stat().st_mode & 0o777  # noqa: E731
+    assert mode("model.safetensors") == mode("config.json")
     assert _cli("convert", "from-hf", root / "hf", tmp_path / "back") == 0
     original, back = load_model_state(step), load_model_state(tmp_path / "back")
     assert original.keys() == back.keys()
@@ -244,10 +247,14 @@ def test_eval_on_a_local_task_and_the_comparison_table(tmp_path, builtin_assets,
         f"task: arith_yaml\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {task}\n"
         "test_split: test\noutput_type: multiple_choice\ndoc_to_text: '{{question}}'\n"
         "doc_to_choice: '{{choices}}'\ndoc_to_target: '{{answer}}'\nmetric_list:\n  - metric: acc_norm\n")
-    yaml_run = run(tmp_path / "dense-none" / "hf", ["arith_yaml"], include_path=str(tmp_path / "tasks"),
-                   out=tmp_path / "yaml.json")
-    assert json.loads(yaml_run.read_text())["metrics"]["arith_yaml"]["acc_norm"] == \
-        json.loads(results["dense-none"].read_text())["metrics"]["arith"]["acc_norm"]
+    capsys.readouterr()
+    yaml_run = tmp_path / "yaml.json"  # through the CLI: it prints the metrics, then where they are
+    assert _cli("eval", tmp_path / "dense-none" / "hf", "--tasks", "arith_yaml", "--include-path",
+                tmp_path / "tasks", "--out", yaml_run) == 0
+    acc_norm = json.loads(yaml_run.read_text())["metrics"]["arith_yaml"]["acc_norm"]
+    assert acc_norm == json.loads(results["dense-none"].read_text())["metrics"]["arith"]["acc_norm"]
+    printed = capsys.readouterr().out
+    assert f"| arith_yaml | acc_norm | {100 * acc_norm:.2f} |" in printed and printed.endswith(f"results: {yaml_run}\n")
     table = compare(results["dense-none"], results["dense-elementwise"], labels=("γ = 0.5", "γ = 1"))
     none, gated = (json.loads(results[v].read_text())["metrics"]["arith"]["acc_norm"] for v in results)
     assert f"| arith | acc_norm | {100 * none:.2f} | {100 * gated:.2f} | {100 * (gated - none):+.2f} |" in table

@@ -659,6 +659,7 @@ def test_dry_run_passes_every_check_through_the_real_cli(dry_run):
     assert drill["save_seconds"] <= drill["allowed_save_seconds"] and drill["disk_bytes_per_s"] > 1e6
     assert drill["save_bytes"] > 1e6  # the debug model's weights and AdamW moments
     assert "WARNING - attention mla: SDPA kernel math" in logs["logs/moe_mla_bf16.log"]
+    assert logs["logs/moe_mla_bf16.log"].count("attention mla: SDPA kernel math") == 1  # once, as a warning
     # one rank trains in the CLI's own process, which gets the SIGTERM itself (torchrun's
     # --shutdown-timeout, for several ranks: tests/test_faults.py)
     assert "+ training in this process" in logs["logs/sigterm_drill.log"]

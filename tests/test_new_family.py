@@ -174,6 +174,14 @@ def test_a_block_child_without_a_tp_plan_is_refused_and_its_own_plan_is_used():
     with pytest.raises(ValueError, match="no plan for Linear \\('extra' of ParallelBlock\\)"):
         block_tp_plan(block, styles)
 
+    class ResidualNorm(nn.RMSNorm):  # a shared type with a plan of its own: its plan, not the type's
+        def tensor_parallel_plan(self, styles):
+            return {"": SequenceParallel(use_local_output=True)}
+
+    block.extra = ResidualNorm(64)
+    style = block_tp_plan(block, styles)["extra"]
+    assert isinstance(style, SequenceParallel) and style.use_local_output
+
 
 def test_a_parameter_no_module_claims_has_no_gamma_group():
     model = ParallelBlockLM(ParallelBlockArgs(dim=64, n_layers=1, n_heads=4, ffn_hidden_dim=96, vocab_size=64))

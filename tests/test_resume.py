@@ -228,3 +228,21 @@ def test_tensorboard_keeps_one_curve_across_resume_extension_and_a_restart_from_
         if "<source>" not in board:
             assert board in events.Tags()["scalars"], board
             assert any(jsonl in r for r in records), jsonl
+
+
+def test_reading_where_a_checkpoint_stood_warns_nothing(tmp_path):
+    """Pre-flight reads a checkpoint's train_state without a process group; torch's two-line
+    "torch.distributed is disabled ... single process" warning is not ours to print."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from gamma_titan.training.checkpoint_folders import saved_progress
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"train_state": {"step": 7}}, checkpoint_id=str(tmp_path / "step-7"), no_dist=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        progress = saved_progress(tmp_path / "step-7")
+    assert progress["step"] == 7 and not caught, [str(w.message) for w in caught]

@@ -24,6 +24,10 @@ def is_checkpoint(path: Path) -> bool:
     return (path / ".metadata").is_file()
 
 
+#: torch's UserWarning on every DCP load without a process group, which is what we mean.
+SINGLE_PROCESS_LOAD = ".*assuming the intent is to load in a single process"
+
+
 def load_model_state(checkpoint: str | Path, min_ndim: int = 0, key: str = "CHECKPOINT_DIR",
                      progress: bool = False) -> dict[str, torch.Tensor]:
     """Every model tensor (with at least `min_ndim` dimensions) of a DCP checkpoint, on CPU.
@@ -45,7 +49,7 @@ def load_model_state(checkpoint: str | Path, min_ndim: int = 0, key: str = "CHEC
     if not groups:
         raise ConfigError(f"{key}: {checkpoint} holds no model weights")
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+        warnings.filterwarnings("ignore", message=SINGLE_PROCESS_LOAD)
         chunks = groups.values() if progress else [{k: v for g in groups.values() for k, v in g.items()}]
         for chunk in tqdm(chunks, desc=f"reading {checkpoint.name}", unit="layer", disable=not progress):
             dcp.load(chunk, storage_reader=dcp.FileSystemReader(str(checkpoint)), no_dist=True)

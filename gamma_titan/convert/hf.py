@@ -13,6 +13,7 @@ a one-line error; nothing is approximated.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -34,6 +35,12 @@ def _check_out(out: Path, overwrite: bool, key: str) -> None:
         raise ConfigError(f"{key}: {out} exists and is not empty; choose a new folder or pass --overwrite")
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _write_safetensors(state: dict[str, torch.Tensor], out: Path, progress: bool) -> None:
     from safetensors.torch import save_file
     from tqdm import tqdm
@@ -47,13 +54,17 @@ def _write_safetensors(state: dict[str, torch.Tensor], out: Path, progress: bool
             size = 0
         shards[-1][name] = tensor.contiguous()
         size += nbytes
+    def save(shard: dict[str, torch.Tensor], path: Path) -> None:
+        save_file(shard, str(path), metadata={"format": "pt"})
+        path.chmod(0o666 & ~_umask())  # safetensors writes 0600; every other file of the folder follows the umask
+
     if len(shards) == 1:
-        save_file(shards[0], str(out / "model.safetensors"), metadata={"format": "pt"})
+        save(shards[0], out / "model.safetensors")
         return
     weight_map = {}
     for i, shard in enumerate(tqdm(shards, desc="writing safetensors", disable=not progress), start=1):
         file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(out / file), metadata={"format": "pt"})
+        save(shard, out / file)
         weight_map.update(dict.fromkeys(shard, file))
     total = sum(t.numel() * t.element_size() for t in state.values())
     (out / HF_INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},

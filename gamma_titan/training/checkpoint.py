@@ -97,6 +97,7 @@ class GammaCheckpointManager(CheckpointManager):
         self.model_parts = kwargs["model_parts"]
         self.model_record, self.device = model_record, device
         self.stopping = False  # set by the trainer once every rank agreed to stop on SIGTERM
+        self.stop_reason = "SIGTERM"  # what the stop line names: the signal this rank got (trainer)
         self.after_stop_save = None  # called once the stop's checkpoint is complete (main.py: the run lock)
         self._in_flight: int | None = None  # the step of an asynchronous save not yet awaited
         self._agreed_step: int | None = None  # the step every rank resumes from (rank 0's reading)
@@ -182,7 +183,7 @@ class GammaCheckpointManager(CheckpointManager):
                 self._raise_if_disk_full(err, curr_step)
             raise
         if self.stopping:
-            logger.info(f"SIGTERM: checkpointed step {curr_step}")
+            logger.info(f"{self.stop_reason}: checkpointed step {curr_step}")
             if self.after_stop_save is not None:
                 self.after_stop_save()
         if self.model_record is not None and os.path.isdir(self.folder):

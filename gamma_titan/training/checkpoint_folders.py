@@ -12,6 +12,7 @@ and the tools, none of which needs a manager to ask.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import torch.distributed as dist
@@ -111,13 +112,17 @@ def saved_progress(step_path: str | os.PathLike) -> dict:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
 
+    from gamma_titan.convert.dcp_io import SINGLE_PROCESS_LOAD
+
     keys = set(FileSystemReader(str(step_path)).read_metadata().state_dict_metadata)
     wanted = {"train_state": {k: 0 for k in ("step", "tokens_seen", "global_batch_size", "data_parallel_degree")
                               if f"train_state.{k}" in keys},
               "dataloader": {"position": 0} if "dataloader.position" in keys else {}}
     wanted = {k: v for k, v in wanted.items() if v}
     if wanted:
-        dcp.load(wanted, checkpoint_id=str(step_path), no_dist=True)
+        with warnings.catch_warnings():  # torch's 2-line warning before every pre-flight that resumes
+            warnings.filterwarnings("ignore", message=SINGLE_PROCESS_LOAD)
+            dcp.load(wanted, checkpoint_id=str(step_path), no_dist=True)
     train, loader = wanted.get("train_state", {}), wanted.get("dataloader", {})
     ranks = {k.split(".")[1] for k in keys if k.startswith("dataloader.dp_rank_")}
     return {"keys": keys, "step": train.get("step"), "tokens_seen": train.get("tokens_seen"),

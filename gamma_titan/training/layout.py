@@ -15,7 +15,6 @@ trains every layout they accept against one process.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields, replace
 
 from gamma_titan.errors import ConfigError
@@ -76,6 +75,13 @@ class Layout:
         above 1, plus "experts sharded" when EP leaves expert FSDP ranks (efsdp > 1)."""
         kind = tuple(f.name for f in fields(self) if getattr(self, f.name) > 1)
         return kind + (("experts sharded",) if self.ep > 1 and self.expert_shard > 1 else ())
+
+
+def nearest_degree(asked: int, room: int, experts: int | None = None) -> int:
+    """The expert-parallel degree nearest `asked` (the larger on a tie) that divides `room`
+    (the data-parallel shard x context degrees) and, where known, the routed experts."""
+    fits = [d for d in range(1, room + 1) if room % d == 0 and (experts is None or experts % d == 0)]
+    return min(fits, key=lambda d: (abs(d - asked), -d))
 
 
 class LayoutError(ConfigError):
@@ -173,7 +179,8 @@ class LayoutRules:
                     f"{layout.describe()}: replicas without shards are DDP, which takes no other parallelism",
                     [layout.refit(world, replicate=1), layout.refit(world, replicate=1, shard=rep)])
         if ep > 1 and (shard * cp) % ep:
-            fit = math.gcd(ep, shard * cp)
+            experts = args.expert_parallel_divisor() if args is not None else None
+            fit = nearest_degree(ep, shard * cp, experts)
             return (f"parallelism.expert_parallel_degree = {ep} must divide the data-parallel shard degree "
                     f"({shard}) x context parallel degree ({cp})", [replace(layout, ep=fit, etp=etp if fit > 1 else 1)])
         if args is not None:

@@ -140,9 +140,10 @@ def start_up_lines(config, spec, args, log_file) -> None:
     logger.info(f"log: {log_file}; run record (resolved config, versions, command): {record}")
     for line in reads_lines(reads):  # a validation set the split cannot fill: a warning
         logger.warning(line.removeprefix("WARNING: ")) if line.startswith("WARNING: ") else logger.info(line)
-    summary = startup_summary(spec, args, config, device_type)
-    logger.info("gamma-titan model at init:\n" + summary)
-    for line in summary.splitlines():  # the math attention kernel, an ε-dominated norm
+    summary = startup_summary(spec, args, config, device_type).splitlines()
+    # the warnings (the math attention kernel, an ε-dominated norm) once, as warnings
+    logger.info("gamma-titan model at init:\n" + "\n".join(l for l in summary if not l.startswith("WARNING: ")))
+    for line in summary:
         if line.startswith("WARNING: "):
             logger.warning(line.removeprefix("WARNING: "))
     for warning in launch_warnings(config, args, world, int(os.environ.get("LOCAL_WORLD_SIZE", world))):

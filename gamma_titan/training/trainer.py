@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import re
+import signal
 
 import torch
 import torchtitan.distributed.utils as dist_utils
@@ -219,9 +220,12 @@ class GammaTrainer(Trainer):
         verdict = step_verdict(loss, grad_norm, self.graceful_stop.requested, counts_loss=counts)
         if verdict.stop and not self.stopping:
             self.stopping = self.checkpointer.stopping = True
+            got = self.graceful_stop.signal  # None where another rank got the signal
+            reason = signal.Signals(got).name if got is not None else "a stop signal on another rank"
+            self.checkpointer.stop_reason = reason
             logging.getLogger().addFilter(_not_completed)  # main.py says where the run stopped instead
             if not self.job_config.checkpoint.enable:
-                logger.warning("SIGTERM with checkpoint.enable = false: stopping without a checkpoint")
+                logger.warning(f"{reason} with checkpoint.enable = false: stopping without a checkpoint")
         return verdict
 
     def _apply(self, verdict) -> bool:

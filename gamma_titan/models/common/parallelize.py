@@ -119,22 +119,23 @@ def apply_tp(model: nn.Module, tp_mesh, loss_parallel: bool, float8_tensorwise: 
 
 
 def block_tp_plan(block: nn.Module, styles: TPStyles) -> dict:
-    """A block's TP plan, from what its children are, whatever their names: every RMSNorm
-    child is sequence parallel (the residual stream between blocks is sharded along the
-    sequence); a child with a `tensor_parallel_plan(styles)` method, or of a type in
-    MODULE_PLANS, gets that plan (relative to itself; "" is the child itself); an MoE layer
+    """A block's TP plan, from what its children are, whatever their names: a child with a
+    `tensor_parallel_plan(styles)` method gets that plan (relative to itself; "" is the
+    child itself), whatever type it subclasses; every other RMSNorm child is sequence
+    parallel (the residual stream between blocks is sharded along the sequence); a child of
+    a type in MODULE_PLANS gets that plan; an MoE layer
     is left to TorchTitan's expert plans (the MoE family's parallelize). Any other child
     with parameters is refused: accepted and left unsplit, it would train on each rank's
     shard of the sequence alone."""
     plan = {}
     for name, child in block.named_children():
-        if isinstance(child, nn.RMSNorm):
+        if hasattr(child, "tensor_parallel_plan"):  # a module's own plan comes first, whatever it subclasses
+            sub = child.tensor_parallel_plan(styles)
+        elif isinstance(child, nn.RMSNorm):
             plan[name] = SequenceParallel()
             continue
-        if isinstance(child, MoE):
+        elif isinstance(child, MoE):
             continue
-        if hasattr(child, "tensor_parallel_plan"):
-            sub = child.tensor_parallel_plan(styles)
         elif type(child) in MODULE_PLANS:
             sub = MODULE_PLANS[type(child)](child, styles)
         elif not any(True for _ in child.parameters()):
