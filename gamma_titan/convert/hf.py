@@ -54,6 +54,7 @@ def _write_safetensors(state: dict[str, torch.Tensor], out: Path, progress: bool
             size = 0
         shards[-1][name] = tensor.contiguous()
         size += nbytes
+
     def save(shard: dict[str, torch.Tensor], path: Path) -> None:
         save_file(shard, str(path), metadata={"format": "pt"})
         path.chmod(0o666 & ~_umask())  # safetensors writes 0600; every other file of the folder follows the umask
