@@ -91,7 +91,7 @@ def test_the_validation_set_is_the_same_sequences_at_every_degree_each_once(sequ
     mixture = Mixture(streams, [3.0, 1.0])
     one = None
     for world in (1, 2, 3, 4):
-        vset = ValidationSet(mixture, sequences, mixture.source_names)
+        vset = ValidationSet(mixture, sequences)
         read, counts = [], set()
         for rank in range(world):
             batches_ = list(vset.rank_batches(rank, world, 2))
@@ -112,5 +112,5 @@ def test_the_validation_set_is_the_same_sequences_at_every_degree_each_once(sequ
     first_wrap = next(g for g in range(10_000) if mixture.first_exhausted(g) is not None)
     if sequences is None:  # the split: every sequence before the first stream would wrap
         assert vset.size == first_wrap and not vset.capped
-    capped = ValidationSet(mixture, 1000, mixture.source_names)  # more than the split holds: the split, once
+    capped = ValidationSet(mixture, 1000)  # more than the split holds: the split, once
     assert capped.size == first_wrap and capped.capped

@@ -85,7 +85,7 @@ def validation_set(job_config) -> ValidationSet:
     sequences in all, whatever the layout (-1: the whole split)."""
     v = job_config.validation
     samples = open_samples(job_config, "validation", v.seq_len)
-    return ValidationSet(samples, None if v.steps == -1 else v.steps * v.local_batch_size, samples.source_names)
+    return ValidationSet(samples, None if v.steps == -1 else v.steps * v.local_batch_size)
 
 
 def build_validation_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config, infinite: bool = False):

@@ -38,14 +38,14 @@ class ValidationSet:
     """The first `sequences` samples of `samples` (None: every sample of the split's first
     epoch), grouped by source."""
 
-    def __init__(self, samples, sequences: int | None, source_names: list[str]):
+    def __init__(self, samples, sequences: int | None):
         self.samples = samples
         available = self._first_epoch(samples)
         self.requested = sequences
         self.size = available if sequences is None else min(sequences, available)
         self.capped = sequences is not None and sequences > available
-        self.source_names = source_names
-        self.draws: list[list[int]] = [[] for _ in source_names]
+        self.source_names = samples.source_names  # a Mixture's sources, or the one stream
+        self.draws: list[list[int]] = [[] for _ in self.source_names]
         for g in range(self.size):
             s, k = source_of(samples, g)
             self.draws[s].append(k)
