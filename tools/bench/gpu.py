@@ -112,24 +112,19 @@ def register_reference(model: str, gamma_argv: list[str]) -> str:
     from gamma_titan.training.train_spec import resolve_model, with_our_components
 
     sys.path.insert(0, str(Path(__file__).parent))
+    from common import device
     from reference import deepseek_v3_args, llama3_args
 
     config = load_job_config(gamma_argv)
     _, args = resolve_model(config)
     if model == MOE_REFERENCE_MODEL:
-        theirs = deepseek_v3_args(args, device=_device())
+        theirs = deepseek_v3_args(args, device=device())
         theirs.max_seq_len = theirs.original_seq_len = config.training.seq_len
         spec = dataclasses.replace(torchtitan_deepseek_v3_spec(), model_args={"same_shape": theirs})
     else:
         spec = dataclasses.replace(torchtitan_llama3_spec(), model_args={"same_shape": llama3_args(args)})
     register_train_spec(model, with_our_components(spec))
     return "same_shape"
-
-
-def _device():
-    import torch
-
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def variant_config(model: str, flags: list[str]):
@@ -160,14 +155,17 @@ def run_variant(argv: list[str]) -> None:
     config = variant_config(argv[0], argv[1:])
     single_process_env()
     init_logger()
-    if argv[0] == MOE_REFERENCE_MODEL and _device().type != "cuda":
-        # TorchTitan's MoE counts tokens per expert with torch.histc on integers, which the
-        # CPU lacks (a dry run): counted the same way by our scatter (models/common/moe.py)
-        from gamma_titan.models.common.moe import IntegerHistcByScatter
+    if argv[0] == MOE_REFERENCE_MODEL:
+        from common import device  # on the path since register_reference
 
-        with IntegerHistcByScatter():
-            run(config)
-        return
+        if device().type != "cuda":
+            # TorchTitan's MoE counts tokens per expert with torch.histc on integers, which the
+            # CPU lacks (a dry run): counted the same way by our scatter (models/common/moe.py)
+            from gamma_titan.models.common.moe import IntegerHistcByScatter
+
+            with IntegerHistcByScatter():
+                run(config)
+            return
     run(config)
 
 
