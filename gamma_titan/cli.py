@@ -146,7 +146,7 @@ def cmd_pretokenize(ns, overrides: list[str]) -> int:
     tokenizer = resolve_tokenizer_path(ns.tokenizer, key="--tokenizer")
     result = pretokenize(ns.input, tokenizer, ns.out, val_input=ns.val_input, val_fraction=ns.val_fraction,
                          num_proc=ns.num_proc, docs_per_shard=ns.docs_per_shard, progress=not ns.quiet,
-                         errors=ns.errors)
+                         errors=ns.errors, restart=ns.restart)
     print(f"{ns.out}: {result.summary()}")
     return 0
 
@@ -287,6 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--docs-per-shard", type=count(1), default=DEFAULT_DOCS_PER_SHARD,
                      help="documents per work unit and shard")
     pre.add_argument("--errors", choices=POLICIES, default="strict", help=errors_help)
+    pre.add_argument("--restart", action="store_true",
+                     help="replace the shards --out holds from other settings (refused without it)")
     pre.add_argument("--quiet", action="store_true", help="no progress bar")
     pre.set_defaults(run=cmd_pretokenize)
 

@@ -10,7 +10,8 @@ The model is built on the meta device and materialised one block at a time, each
 initialised exactly as in training (same per-parameter seeds) and freed after its
 forward pass, so a 7B config inspects in a few GB of CPU memory. A TorchTitan model
 without [gamma] init_rate keeps TorchTitan's init, which initialises the whole model at
-once: it is materialised whole (its γ and target std are then blank).
+once: it is materialised whole (its γ and target std are then blank). The walk is
+models/common/norm_inputs.py's, which the recipe planner's ε check shares.
 """
 
 from __future__ import annotations
@@ -22,47 +23,9 @@ import torch
 from torch import nn
 
 from gamma_titan.diagnostics.probe import EPS_DOMINANCE, eps_dominates
-from gamma_titan.init import ParamInit, gamma_init_, init_plan
-from gamma_titan.models.common.decoder import reset_buffers
-
-
-
-class _NormProbe:
-    """Forward pre-hooks that record σ²(h) = mean_i h_i² at every RMSNorm input."""
-
-    def __init__(self) -> None:
-        self.sites: dict[str, float] = {}
-
-    def attach(self, module: nn.Module, prefix: str) -> list:
-        handles = []
-        for name, sub in module.named_modules():
-            if isinstance(sub, nn.RMSNorm):
-                site = f"{prefix}{name}" if name else prefix.rstrip(".")
-                handles.append(sub.register_forward_pre_hook(self._hook(site)))
-        return handles
-
-    def _hook(self, site: str):
-        def record(module, inputs):
-            self.sites[site] = inputs[0].detach().float().pow(2).mean().item()
-
-        return record
-
-
-def _plan(module: nn.Module, cfg, rule, prefix: str = "") -> list[ParamInit]:
-    """The γ plan, or under TorchTitan's init (cfg None) each parameter's group and fan-in."""
-    if cfg is not None:
-        return init_plan(module, cfg, rule, prefix)
-    plan = []
-    for name, param in module.named_parameters():
-        group, fan_in = rule(prefix + name, tuple(param.shape))
-        plan.append(ParamInit(prefix + name, group, fan_in, None))
-    return plan
-
-
-def _materialise(module: nn.Module, cfg, rule, prefix: str) -> list[ParamInit]:
-    module.to_empty(device="cpu")
-    reset_buffers(module, "cpu")  # MoE expert bias and load counters: garbage after to_empty
-    return gamma_init_(module, cfg, rule, prefix)
+from gamma_titan.init import ParamInit
+from gamma_titan.models.common.norm_inputs import (PROBE_BATCH, PROBE_LEN, forward_at_init, param_plan, probe_seed,
+                                                   probe_tokens)
 
 
 def _param_rows(module: nn.Module, plan: list[ParamInit], measure: bool) -> list[dict]:
@@ -85,16 +48,15 @@ def _param_rows(module: nn.Module, plan: list[ParamInit], measure: bool) -> list
 
 
 @torch.no_grad()
-def inspect_model(spec, args, seq_len: int, measure: bool = True, probe_batch: int = 2,
-                  probe_len: int = 128, seed: int | None = None) -> dict:
+def inspect_model(spec, args, seq_len: int, measure: bool = True, probe_batch: int = PROBE_BATCH,
+                  probe_len: int = PROBE_LEN, seed: int | None = None) -> dict:
     """The report as a plain dict (the `--json` output)."""
     titan_init = args.init is None  # TorchTitan's own init (models/titan, no [gamma] init_rate)
     if seed is None:
-        seed = 0 if titan_init or args.init.seed is None else args.init.seed
+        seed = probe_seed(args)
     cfg = None if titan_init else dataclasses.replace(args.init, seed=seed)
     with torch.device("meta"):
         model = spec.model_cls(args)
-    rule = model.init_rule
     n_params = sum(p.numel() for p in model.parameters())
     _, flops = args.get_nparams_and_flops(model, seq_len)
     report = {
@@ -110,64 +72,27 @@ def inspect_model(spec, args, seq_len: int, measure: bool = True, probe_batch: i
         rows = [
             {"name": e.name, "group": e.group, "shape": list(p.shape), "fan_in": e.fan_in,
              "gamma": e.gamma, "target_std": e.std}
-            for e, p in zip(_plan(model, cfg, rule), model.parameters())
+            for e, p in zip(param_plan(model, cfg, model.init_rule), model.parameters())
         ]
         report["params"] = rows
         return report
 
     rows: list[dict] = []
-    probe = _NormProbe()
-    gen = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, args.vocab_size, (probe_batch, min(probe_len, seq_len)), generator=gen)
-    if titan_init:
-        torch.manual_seed(seed)
-        model.to_empty(device="cpu")
-        model.init_weights(buffer_device="cpu")
-
-    def materialise(part: nn.Module, prefix: str) -> list[ParamInit]:
-        return _plan(part, None, rule, prefix) if titan_init else _materialise(part, cfg, rule, prefix)
-
-    def release(part: nn.Module) -> None:
-        if not titan_init:
-            part.to_empty(device="meta")  # free it before the next one
-
-    emb = model.tok_embeddings
-    tied = model.output.weight is emb.weight  # a tied head is the embedding: drawn and listed once
-    rows += _param_rows(emb, materialise(emb, "tok_embeddings."), True)
-    e = emb(tokens).float()
-    tied_head = emb.weight.detach().clone() if tied else None
-    release(emb)
-
-    block_inputs = model.block_inputs(tokens.shape[1], "cpu")
-    h = e
-    for i, layer in model.layers.items():
-        prefix = f"layers.{i}."
-        rows += _param_rows(layer, materialise(layer, prefix), True)
-        handles = probe.attach(layer, prefix)
-        h = layer(h, *block_inputs)
-        for handle in handles:
-            handle.remove()
-        release(layer)
-
-    residual_flow = ((h - e).norm() / e.norm()).item()
-    for name in ("norm", *([] if tied else ["output"])):
-        part = getattr(model, name)
-        rows += _param_rows(part, materialise(part, f"{name}."), True)
-    handles = probe.attach(model.norm, "norm.")
-    logits = model.norm(h) @ tied_head.T if tied else model.output(model.norm(h))
-    for handle in handles:
-        handle.remove()
-
-    hidden_var = min(probe.sites.values())
+    tokens = probe_tokens(args.vocab_size, seq_len, seed, probe_batch, probe_len)
+    walk = forward_at_init(model, cfg, seed, tokens,
+                           on_part=lambda part, plan: rows.extend(_param_rows(part, plan, True)))
+    site, hidden_var = walk.smallest()
+    e, h = walk.embedding, walk.hidden
     report.update(
         params=rows,
-        norm_sites=[{"name": k, "var": v} for k, v in probe.sites.items()],
+        norm_sites=[{"name": k, "var": v} for k, v in walk.norm_inputs.items()],
         hidden_var=hidden_var,
+        hidden_var_site=site,
         eps_dominated=eps_dominates(args.norm_eps, hidden_var),
-        residual_flow_ratio=residual_flow,
+        residual_flow_ratio=((h - e).norm() / e.norm()).item(),
         embedding_var=e.pow(2).mean().item(),
         final_hidden_var=h.pow(2).mean().item(),
-        logits_std=logits.float().std().item(),
+        logits_std=walk.logits.float().std().item(),
         probe_tokens=list(tokens.shape),
     )
     return report
@@ -247,8 +172,9 @@ def format_report(report: dict) -> str:
     if report["measured"]:
         lines += [
             "",
-            f"hidden variance at init σ²(h): {report['hidden_var']:.3g} (smallest over RMSNorm inputs; "
-            f"embedding {report['embedding_var']:.3g}, final {report['final_hidden_var']:.3g})",
+            f"hidden variance at init σ²(h): {report['hidden_var']:.3g} (smallest over RMSNorm inputs, at "
+            f"{report['hidden_var_site']}; embedding {report['embedding_var']:.3g}, final "
+            f"{report['final_hidden_var']:.3g})",
             f"norm_eps {report['norm_eps']:.3g} vs σ²(h): "
             + ("ε DOMINATES" if report["eps_dominated"] else "ok, ε is negligible")
             + f" (ε / σ²(h) = {report['norm_eps'] / report['hidden_var']:.3g}; dominated when > {EPS_DOMINANCE:g})",

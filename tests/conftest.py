@@ -1,14 +1,35 @@
-"""Session fixtures, and the order the test files run in."""
+"""Session fixtures, the order the test files run in, and the fixture model families
+(tests/families/) installed by entry points for this process and every process it starts."""
+
+import atexit
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
 import gamma_titan  # noqa: F401  (first: TorchTitan's device detection answers "cpu" here)
+from families import install
+
+TESTS = Path(__file__).parent
+#: A site folder holding the fixture families' entry points, on sys.path before anything
+#: imports gamma_titan.models (its registry reads the entry points once), and on PYTHONPATH
+#: (with tests/, where their packages are) for the trainers and tools the tests start.
+_SITE = Path(tempfile.mkdtemp(prefix="gamma-titan-families-"))
+atexit.register(shutil.rmtree, _SITE, ignore_errors=True)
+# the group is gamma_titan.models.FAMILY_ENTRY_POINTS, which cannot be imported yet (test_new_family.py
+# checks the families registered)
+FIXTURE_FAMILIES = install(_SITE, group="gamma_titan.families")
+sys.path.insert(0, str(_SITE))
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_SITE), str(TESTS), os.environ.get("PYTHONPATH")]))
 
 #: The slowest files, longest first (seconds measured on 2 cores, 2026-12-03: 324, 258, 229,
 #: 175, 174, 171, 133, 132, 102, 95, 76, 76, 75, 74, 66, 56). pytest-xdist's loadfile hands
 #: files to its workers in collection order: the long ones go out first and the many short
 #: files fill in at the end, so neither worker waits alone behind a long file.
-SLOWEST_FIRST = ("test_layouts.py", "test_titan_runs.py", "test_gpu_check.py", "test_moe_runs.py",
+SLOWEST_FIRST = ("test_layouts.py", "test_families.py", "test_titan_runs.py", "test_gpu_check.py", "test_moe_runs.py",
                  "test_estimate.py", "test_faults.py", "test_recipe_runs.py", "test_training.py",
                  "test_titan_bitwise.py", "test_parallel.py", "test_reliability.py", "test_faults_distributed.py",
                  "test_bench_gpu_dry_run.py", "test_bench_quick.py", "test_compile_sac.py", "test_resume.py",

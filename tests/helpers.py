@@ -28,6 +28,46 @@ def small_args(gamma: float = 1.0, gate: str = "elementwise", eps: float = 1e-12
     return args
 
 
+def family_debug_config(name: str) -> tuple[Path, tuple[str, ...]]:
+    """The config a registered family is tried with: its debug config (configs/dense/debug.toml,
+    configs/titan/llama3_debug.toml, ...), or for a family that ships none, the dense one
+    naming the family and its first flavor."""
+    import tomllib
+
+    from gamma_titan.models import TRAIN_SPECS
+
+    for path in sorted((REPO / "configs").glob("*/*debug.toml")):
+        if tomllib.loads(path.read_text())["model"]["name"] == name:
+            return path, ()
+    first = next(iter(TRAIN_SPECS[name].model_args))
+    return DEBUG_TOML, ("--model.name", name, "--model.flavor", first)
+
+
+def relative(a: list[float], b: list[float]) -> float:
+    """The largest relative difference of two equally long lists of numbers."""
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b, strict=True))
+
+
+def launch_cases(out: Path, world: int, cases: list[dict], timeout: int = 1200) -> None:
+    """Train `cases` ({"name", "argv", "save", "reference", "resume_from"}, reference and
+    resume_from naming other cases) one after another in one launch of `world` processes
+    (tests/scripts/layout_matrix.py), into out/<name>/."""
+    spec = out / f"cases-{world}-{cases[0]['name']}.json"
+    spec.write_text(json.dumps([{"name": c["name"], "argv": [str(a) for a in c["argv"]], "save": c.get("save", False),
+                                 "reference": c.get("reference") and str(out / c["reference"]),
+                                 "resume_from": c.get("resume_from") and str(out / c["resume_from"])}
+                                for c in cases]))
+    script = str(REPO / "tests" / "scripts" / "layout_matrix.py")
+    argv = [sys.executable, script, str(out), str(spec)]
+    if world > 1:
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
+                *argv[1:]]
+    threads = max(1, (os.cpu_count() or 2) // (world * xdist_workers()))
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    assert proc.returncode == 0, f"world {world}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+
+
 def xdist_workers() -> int:
     """pytest-xdist workers running side by side (tools/test.sh uses 2): they share the cores."""
     return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))

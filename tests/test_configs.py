@@ -1,10 +1,12 @@
 """Every shipped config parses, passes the pre-flight checks for an 8-GPU node, and builds
 its flavor with the parameter count its modules hold and the README's table lists; every
 flavor of every family of ours is counted from its built modules, against the args' own
-counts and, where a family has one, a count written out from its shapes (SHAPE_COUNTS)."""
+counts and, where a family has one, a count written out from its shapes (SHAPE_COUNTS).
+The README's flavor tables are tools/readme_tables.py's, from the registry."""
 
 import inspect
 import re
+import sys
 import tomllib
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,6 +21,9 @@ from gamma_titan.models.common import ATTENTION_GATES
 from gamma_titan.models.common.args import GammaArgs
 from gamma_titan.models.common.decoder import DecoderLM
 from gamma_titan.training.preflight import preflight
+
+sys.path.insert(0, str(REPO / "tools"))
+import readme_tables  # noqa: E402  (tools/readme_tables.py: the README's generated sections)
 
 #: Our own families (the decoder's); TorchTitan's (titan/) are tested in test_titan*.py.
 OURS = [name for name, spec in TRAIN_SPECS.items() if issubclass(spec.model_cls, DecoderLM)]
@@ -116,39 +121,74 @@ def built_counts(model) -> dict[str, int]:
     return counts
 
 
+def readme_lines() -> list[str]:
+    return (REPO / "README.md").read_text(encoding="utf-8").split("\n")
+
+
+def readme_flavor_tables() -> dict[str, list[list[str]]]:
+    """{family: the cells of its README flavor table, header first} for each table the README
+    has: the table right under a line `<!-- flavors: NAME ... -->`."""
+    lines, tables = readme_lines(), {}
+    for i, line in enumerate(lines):
+        if marker := readme_tables.MARKER.match(line):
+            rows = []
+            for row in lines[i + 1:]:
+                if not row.startswith("|"):
+                    break
+                rows.append([c.strip() for c in row.strip().strip("|").split("|")])
+            assert len(rows) > 2 and rows[0][0] == "flavor", f"README.md: no `| flavor |` table right under {line}"
+            tables[marker[1]] = [rows[0], *rows[2:]]
+    return tables
+
+
+#: The families with a flavor table in the README (optional: see its "Adding a model family").
+TABLED = sorted(readme_flavor_tables())
+
+
 def readme_table(model: str) -> list[list[str]]:
-    """The cells of README.md's flavor table of `model`, header first: the table right under
-    a line `<!-- flavors: MODEL -->`."""
-    lines = (REPO / "README.md").read_text().splitlines()
-    marker = f"<!-- flavors: {model} -->"
-    assert marker in lines, f"README.md has no flavor table for {model}: list its flavors under a line {marker}"
-    rows = []
-    for line in lines[lines.index(marker) + 1:]:
-        if not line.startswith("|"):
-            break
-        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
-    assert len(rows) > 2 and rows[0][0] == "flavor", f"README.md: no `| flavor |` table right under {marker}"
-    return [rows[0], *rows[2:]]
+    """The cells of README.md's flavor table of `model`, header first."""
+    tables = readme_flavor_tables()
+    assert model in tables, f"README.md has no flavor table for {model}"
+    return tables[model]
 
 
 def readme_total(model: str, flavor: str, header: str | None = None) -> tuple[float, float]:
     """The number README.md's flavor table of `model` lists for `flavor` in the column whose
     header starts with `header` (default: the total parameter count, headed "params..." or
     "total..."), and half a unit of its last digit: ("5.3M" -> (5.3e6, 0.05e6), "0.27" ->
-    (0.27, 0.005)). Rows like "tiny-32 / -48" list several flavors."""
+    (0.27, 0.005))."""
     head, *rows = readme_table(model)
     prefixes = (header,) if header else ("params", "total")
     columns = [i for i, title in enumerate(head) if title.startswith(prefixes)]
     assert len(columns) == 1, f"README.md's {model} table has {len(columns)} columns headed {' or '.join(prefixes)}"
     for cells in rows:
-        names = cells[0].split(" / ")
-        names = [names[0]] + [names[0].rsplit("-", 1)[0] + n if n.startswith("-") else n for n in names[1:]]
-        if flavor in names:
-            text = cells[columns[0]].split(" / ")[names.index(flavor)]
+        if cells[0] == flavor:
+            text = cells[columns[0]]
             number, unit = (text[:-1], {"k": 1e3, "M": 1e6, "B": 1e9}[text[-1]]) if text[-1].isalpha() else (text, 1)
             decimals = len(number.partition(".")[2])
             return float(number) * unit, 0.5 * 10 ** -decimals * unit
     raise AssertionError(f"README.md lists no {model} flavor {flavor!r}")
+
+
+def test_the_readme_flavor_tables_are_the_generators():
+    """Each flavor table of the README is what tools/readme_tables.py writes from the
+    registry (only the package's own families have one); after a change of flavors the test
+    names the command that rewrites them."""
+    lines = readme_lines()
+    families = readme_tables.own_families()
+    assert set(TABLED) <= set(families), f"README.md has flavor tables of families the package does not hold: " \
+                                        f"{sorted(set(TABLED) - set(families))}"
+    assert {"gamma_dense", "gamma_moe"} <= set(TABLED)
+    written = readme_tables.write_flavor_tables(lines, families)
+    assert written == lines, f"README.md's flavor tables are stale: run {readme_tables.COMMAND}\n" + \
+        readme_tables.diff("\n".join(lines), "\n".join(written))
+
+
+def test_the_generated_counts_are_written_to_three_digits():
+    assert [readme_tables.count(n) for n in (512, 61_584, 5_305_600, 67_600_000, 168_700_000, 15_820_000_000)] == \
+        ["512", "61.6k", "5.31M", "67.6M", "0.169B", "15.8B"]
+    assert [readme_tables.significant(x) for x in (0.050_71, 0.2799, 17.094, 9.9996, 43.62)] == \
+        ["0.0507", "0.280", "17.1", "10.0", "43.6"]
 
 
 def _meta_model(spec, args):
@@ -194,23 +234,24 @@ def test_config_passes_preflight(path: Path, builtin_assets):
     assert report["n_params"] == built_counts(_meta_model(spec, args))["total"]
     if config.model.name in SHAPE_COUNTS:
         assert report["n_params"] == SHAPE_COUNTS[config.model.name](args)["total"]
-    listed, half_digit = readme_total(config.model.name, config.model.flavor)
-    assert abs(report["n_params"] - listed) <= half_digit, (report["n_params"], listed)  # the README's rounding
+    if config.model.name in TABLED:
+        listed, half_digit = readme_total(config.model.name, config.model.flavor)
+        assert abs(report["n_params"] - listed) <= half_digit, (report["n_params"], listed)  # the README's rounding
     assert config.gamma.init_rate == 1.0 and config.gamma.norm_eps == 1e-12
     assert config.gamma.attention_gate == "elementwise"
 
 
-#: (family, flavor) for each family with a config: its README table lists every flavor.
-LISTED = [(model, flavor) for model in OURS if model in map(config_model, CONFIGS)
-          for flavor in TRAIN_SPECS[model].model_args]
+#: (family, flavor) for each family with a README flavor table: it lists every flavor.
+LISTED = [(model, flavor) for model in TABLED for flavor in TRAIN_SPECS[model].model_args]
 
 
 @pytest.mark.parametrize("model, flavor", LISTED, ids=[f"{m.removeprefix('gamma_')}-{f}" for m, f in LISTED])
 def test_the_readme_tables_list_every_flavor(model, flavor):
-    """A family that ships configs has a README flavor table (under `<!-- flavors: NAME -->`)
-    with every flavor: the total is the built model's with the configs' elementwise gate; a
-    column headed "active" is `active_params` (what inspect prints), one headed "GFLOP/token
-    (seq N)" the training FLOPs at seq N; each to its printed rounding."""
+    """A family's README flavor table (under `<!-- flavors: NAME -->`) lists every flavor: the
+    total is the built model's with the configs' elementwise gate; a column headed "active"
+    is `active_params` (what inspect prints), one headed "GFLOP/token (seq N)" the training
+    FLOPs at seq N; each to its printed rounding, and each field column the flavor's value
+    (or an empty cell)."""
     spec = TRAIN_SPECS[model]
     args = spec.model_args[flavor]
     args.attention_gate = "elementwise"
@@ -226,6 +267,10 @@ def test_the_readme_tables_list_every_flavor(model, flavor):
             continue
         listed, half = readme_total(model, flavor, title)
         assert abs(value - listed) <= half, (title, value, listed)
+    head, *rows = readme_table(model)
+    cells = dict(zip(head, next(row for row in rows if row[0] == flavor)))
+    for name in set(head) & set(args.model_args_fields()):
+        assert cells[name] in ("", readme_tables.field_cell(getattr(args, name))), (name, cells[name])
 
 
 PAPER = [p for p in CONFIGS if not p.stem.startswith(("debug", "tiny", "gpu"))]  # gpu: the recipes' one-GPU scale

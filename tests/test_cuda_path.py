@@ -129,7 +129,7 @@ def test_startup_summary_does_not_draw_the_model_on_a_gpu_run(monkeypatch):
     def no_drawing(*args, **kwargs):
         raise AssertionError("the startup summary materialised weights on a GPU run")
 
-    monkeypatch.setattr(inspect_module, "_materialise", no_drawing)
+    monkeypatch.setattr(inspect_module, "forward_at_init", no_drawing)
     # the kernel report asks PyTorch's CUDA checks with tensors on the GPU: not here
     monkeypatch.setattr("gamma_titan.training.main.attention_kernels", lambda *a: ["attention mha: SDPA kernel (stub)"])
     text = startup_summary(spec, args, config, "cuda")
@@ -186,8 +186,9 @@ def test_qwen3_tensor_parallel_in_float32_is_refused_on_a_gpu(cuda_host, monkeyp
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    # the MoE flavor: the dense debug flavor ties its head to the embedding, which FSDP refuses (qwen3.py)
     qwen3 = ["--job.config_file", str(REPO / "configs" / "titan" / "qwen3_debug.toml"),
-             "--parallelism.tensor_parallel_degree", "2"]
+             "--model.flavor", "debugmodel_moe", "--parallelism.tensor_parallel_degree", "2"]
     for world, flags in ((2, []), (4, ["--training.mixed_precision_param", "float32"])):
         with pytest.raises(ConfigError, match="^parallelism.tensor_parallel_degree = 2: qwen3's tensor parallelism "
                                               "hands SDPA sharded inputs, which have no float32 kernel; train in bf16"):

@@ -44,6 +44,7 @@ def test_eps_masking_at_gamma_one_d2048(eps, dominated):
     # σ²(h) = d^(−2γ) = 2048^−2 ≈ 2.4e-7 at the first norm (the paper's number, §2.1).
     assert report["hidden_var"] == pytest.approx(2048**-2, rel=0.05)
     assert report["hidden_var"] == pytest.approx(2.4e-7, rel=0.05)
+    assert report["hidden_var_site"] == "layers.0.attention_norm"  # the embedding (post-norms: test_norm_variance.py)
     assert report["eps_dominated"] is dominated
     assert report["norm_eps"] == eps
 

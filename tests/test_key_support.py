@@ -6,7 +6,6 @@ here until it has a place."""
 import ast
 import importlib
 import inspect
-import tomllib
 import typing
 from pathlib import Path
 
@@ -18,22 +17,11 @@ from gamma_titan.config.titan_keys import titan_fields
 from gamma_titan.errors import ConfigError
 from gamma_titan.models import TRAIN_SPECS
 from gamma_titan.training.preflight import preflight
-from helpers import REPO
-
-
-def debug_config(name: str) -> tuple[str, tuple[str, ...]]:
-    """The config a family's run is tried with: its debug config (configs/dense/debug.toml,
-    configs/titan/llama3_debug.toml, ...), or for a family that ships none, the dense one
-    naming the family and its first flavor."""
-    for path in sorted((REPO / "configs").glob("*/*debug.toml")):
-        if tomllib.loads(path.read_text())["model"]["name"] == name:
-            return str(path.relative_to(REPO)), ()
-    first = next(iter(TRAIN_SPECS[name].model_args))
-    return "configs/dense/debug.toml", ("--model.name", name, "--model.flavor", first)
+from helpers import REPO, family_debug_config
 
 
 #: Every registered family, and qwen3's MoE flavor (another run of the same family).
-FAMILY_CONFIGS = {name: debug_config(name) for name in TRAIN_SPECS} | {
+FAMILY_CONFIGS = {name: family_debug_config(name) for name in TRAIN_SPECS} | {
     "qwen3 (MoE)": ("configs/titan/qwen3_debug.toml", ("--model.flavor", "debugmodel_moe"))}
 
 

@@ -4,6 +4,11 @@ that names a layout that works, or trains the model one process trains on the sa
 batch: the losses, the MoE auxiliary loss, the live diagnostics and every rank's final
 parameters, over 4 steps.
 
+This is the depth axis, over the code every layout of the package's own families takes (the
+shared decoder and its TP plan, the MoE layer and its expert parallelism, with MHA and MLA).
+The family axis — every registered family, whoever wrote it, at 1 process, FSDP 2, TP 2,
+PP 2 and DDP 2, with its diagnostics and Hugging Face form — is tests/test_families.py's.
+
 The layouts are enumerated from the degrees (training/layout.py decides); the kinds it
 accepts must be the ones listed here (KINDS), and each kind is trained at its smallest
 layout, with gradient accumulation on top (`accumulates`), and for TP without loss parallel
@@ -20,13 +25,10 @@ halves the gradient, as DDP's average did, is 5e-3 and 0.1 away).
 import itertools
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 
-from helpers import REPO, xdist_workers
+from helpers import REPO, launch_cases, relative
 
 pytestmark = pytest.mark.multiprocess
 
@@ -53,8 +55,6 @@ FAMILIES = {
     "dense": ("configs/dense/debug.toml", SMALL),
     "moe_mha": ("configs/moe/debug.toml", SMALL + MOE),
     "moe_mla": ("configs/moe/debug_mla.toml", SMALL + MOE + MLA),
-    # TorchTitan's own parallelism, with the DDP gradient sums ours adds (training/train_spec.py)
-    "llama3": ("configs/titan/llama3_debug.toml", RUN),
 }
 DATA_PARALLEL = (("shard",), ("replicate",), ("replicate", "shard"))
 TENSOR_PARALLEL = (("tp",), ("shard", "tp"), ("replicate", "shard", "tp"))
@@ -76,9 +76,6 @@ KINDS = {"dense": {(), *DATA_PARALLEL, *TENSOR_PARALLEL, *PIPELINE_PARALLEL},
 #: CPU (training/pipeline.py).
 SCHEDULES = {"dense": ("GPipe", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble"),
              "moe_mha": ("Interleaved1F1B",), "moe_mla": ("ZBVZeroBubble",)}
-#: The layouts trained for TorchTitan's llama3 here: its own FSDP and DDP with our gradient
-#: sums (its TP and PP: tests/test_titan_runs.py).
-TRAINED = {**KINDS, "llama3": {(), ("shard",), ("replicate",)}}
 #: Past this the enumeration stops (the issue: "on ≤ 8 ranks").
 MAX_WORLD = 8
 
@@ -174,11 +171,11 @@ def cases() -> list[dict]:
         argv = family_argv(family)
         out.append({"name": family, "family": family, "world": 1, "save": True,
                     "argv": [*argv, "--training.local_batch_size", str(GLOBAL_BATCH),
-                             *(DIAGNOSTICS if family in KINDS else ())]})
+                             *DIAGNOSTICS]})
         for micro in (2, 4):
             out.append({"name": f"{family}-single-ga{micro}", "family": family, "world": 1, "kind": "floor",
                         "argv": [*argv, "--training.local_batch_size", str(GLOBAL_BATCH // micro)]})
-        for kind in sorted(TRAINED[family]):
+        for kind in sorted(KINDS[family]):
             if not kind:
                 continue
             layout = representative(kind)
@@ -198,7 +195,7 @@ def cases() -> list[dict]:
                                                       schedule]
             for variant, extra in variants.items():
                 # the diagnostics need the whole model on a rank: refused under PP (pre-flight)
-                measured = variant == name and layout.world == 2 and family in KINDS and layout.pp == 1
+                measured = variant == name and layout.world == 2 and layout.pp == 1
                 out.append({"name": variant, "family": family, "world": layout.world, "kind": kind,
                             "diagnostics": measured, "argv": [*argv, *extra, *(DIAGNOSTICS if measured else ())]})
     out.append({"name": "dense-no_diagnostics", "family": "dense", "world": 1, "kind": "no diagnostics",
@@ -251,23 +248,6 @@ def resume_cases() -> list[dict]:
     return out
 
 
-def launch(out, world: int, batch: list[dict]) -> None:
-    spec = out / f"cases-{world}.json"
-    spec.write_text(json.dumps([{"name": c["name"], "argv": c["argv"], "save": c.get("save", False),
-                                 "reference": None if c.get("save") else str(out / c["family"]),
-                                 "resume_from": c.get("resume_from") and str(out / c["resume_from"])}
-                                for c in batch]))
-    script = str(REPO / "tests" / "scripts" / "layout_matrix.py")
-    argv = [sys.executable, script, str(out), str(spec)]
-    if world > 1:
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
-                *argv[1:]]
-    threads = max(1, (os.cpu_count() or 2) // (world * xdist_workers()))
-    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=1200,
-                          env={**os.environ, "OMP_NUM_THREADS": str(threads)})
-    assert proc.returncode == 0, f"world {world}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-
-
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory, builtin_assets):
     """{case name: {"losses", "aux", "diagnostics", "params"}} for every case, after one
@@ -280,7 +260,8 @@ def matrix(tmp_path_factory, builtin_assets):
     for phase, world in sorted({(c.get("phase", 0), c["world"]) for c in every},
                                key=lambda pw: (pw[0], LAUNCH_ORDER.index(pw[1]))):
         start = time.monotonic()
-        launch(out, world, [c for c in every if c["world"] == world and c.get("phase", 0) == phase])
+        batch = [c for c in every if c["world"] == world and c.get("phase", 0) == phase]
+        launch_cases(out, world, [{**c, "reference": None if c.get("save") else c["family"]} for c in batch])
         seconds[phase, world] = time.monotonic() - start
     results = {}
     for case in every:
@@ -304,10 +285,6 @@ def matrix(tmp_path_factory, builtin_assets):
 
 def val_losses(run) -> list[tuple[int, float]]:
     return [(r["step"], r["val_loss"]) for r in run["records"] if "val_loss" in r]
-
-
-def relative(a: list[float], b: list[float]) -> float:
-    return max(abs(x - y) / abs(y) for x, y in zip(a, b, strict=True))
 
 
 def tolerances(matrix, family: str) -> dict[str, float]:

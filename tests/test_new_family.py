@@ -1,80 +1,53 @@
 """A new model family is one folder and one line: tests/families/parallel_block (PaLM's
-parallel block, one norm per block) is registered by one entry-point line, written here
-into a temporary site folder, and nothing else in the repository knows it. Through the
-project's own commands it is inspected, trained 3 steps on one process, on 2 FSDP ranks
-and on 2 TP ranks (each against the one process), measured by the live diagnostics
-(residual flow included) and exported to Hugging Face, where transformers gives its
-logits and `from-hf` gives its tensors back bitwise."""
+parallel block, one norm per block) is registered by one entry-point line (tests/conftest.py
+installs the fixture families for the session, as a package of one's own would), and nothing
+in the package knows it. Here: it is registered by its entry point alone, inspected through
+the project's command, and its TP plan and γ rule are read off its modules. Its training on
+1 process, FSDP 2, TP 2 and PP 2, its live diagnostics and its Hugging Face form are the
+family matrix's, as every registered family's (tests/test_families.py); the second fixture,
+tests/families/sandwich_block (post-norms in a container, three sublayers), is checked there
+and below."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from helpers import REPO, read_metrics, run_trainer
+from helpers import REPO
 
-from families.parallel_block import ParallelBlockArgs, ParallelBlockLM
+from families import fixture_names
+from families.parallel_block import NAME, ParallelBlockArgs, ParallelBlockLM
 from families.parallel_block.model import parallel_flavors
-from gamma_titan.convert.dcp_io import load_model_state
 from gamma_titan.models import FAMILY_ENTRY_POINTS, TRAIN_SPECS
 
-NAME = "gamma_parallel"
-#: The one line that registers the family (a package of one's own would put it in its pyproject).
-ENTRY_POINT = f"{NAME} = families.parallel_block:get_train_spec"
-STEPS = 3
-RUN = ("--model.name", NAME, "--training.steps", str(STEPS), "--lr_scheduler.warmup_steps", "1",
-       "--metrics.log_freq", "1", "--metrics.enable_tensorboard", "false",
-       "--gamma.diagnostics.freq", str(STEPS), "--validation.freq", str(STEPS), "--validation.steps", "2",
-       "--validation.local_batch_size", "4", "--checkpoint.enable", "true", "--checkpoint.interval", "1")
-#: (processes, overrides): the same global batch of 8 sequences every step.
-LAYOUTS = {
-    "one": (1, ("--training.local_batch_size", "8")),
-    "fsdp2": (2, ("--training.local_batch_size", "4")),
-    "tp2": (2, ("--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2",
-                "--parallelism.data_parallel_shard_degree", "1")),
-}
 
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory) -> dict[str, str]:
-    """The environment of a Python that has the family installed: an entry point in a
-    dist-info folder, and tests/ on the path (where the family's package is)."""
-    site = tmp_path_factory.mktemp("site")
-    info = site / "gamma_parallel_family-0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: gamma-parallel-family\nVersion: 0\n")
-    (info / "entry_points.txt").write_text(f"[{FAMILY_ENTRY_POINTS}]\n{ENTRY_POINT}\n")
-    path = os.pathsep.join(filter(None, [str(site), str(REPO / "tests"), os.environ.get("PYTHONPATH")]))
-    return {"PYTHONPATH": path}
-
-
-def gamma_titan(env, *argv) -> subprocess.CompletedProcess:
+def gamma_titan(*argv) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", "gamma_titan.cli", *map(str, argv)], cwd=REPO,
-                          env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc
 
 
-@pytest.fixture(scope="module")
-def runs(env, tmp_path_factory) -> dict[str, object]:
-    root = tmp_path_factory.mktemp("parallel-runs")
-    for layout, (nproc, overrides) in LAYOUTS.items():
-        run_trainer(root / layout, *RUN, *overrides, nproc=nproc, env=env)
-    return {layout: root / layout for layout in LAYOUTS}
+def test_the_fixture_families_are_registered_by_their_entry_points_alone():
+    """Each is in the registry, from its entry point (group FAMILY_ENTRY_POINTS), and the
+    package's own registry names none of them."""
+    from importlib.metadata import entry_points
+
+    installed = {e.name: e.value for e in entry_points(group=FAMILY_ENTRY_POINTS)}
+    own = (REPO / "gamma_titan" / "models" / "__init__.py").read_text()
+    for name, folder in fixture_names().items():
+        assert installed[name] == f"families.{folder}:get_train_spec"
+        assert TRAIN_SPECS[name].model_cls.__module__ == f"families.{folder}.model"
+        assert name not in own
+    assert {"gamma_parallel", "gamma_sandwich"} <= set(fixture_names())
 
 
-def test_the_family_is_not_in_this_process_registry():
-    """Only the entry point registers it: the package itself does not know it."""
-    assert NAME not in TRAIN_SPECS
-
-
-def test_inspect_counts_one_norm_per_block(env):
-    report = json.loads(gamma_titan(env, "inspect", REPO / "configs" / "dense" / "debug.toml", "--json",
+def test_inspect_counts_one_norm_per_block():
+    report = json.loads(gamma_titan("inspect", REPO / "configs" / "dense" / "debug.toml", "--json",
                                     "--model.name", NAME).stdout)
     args = parallel_flavors["debug"]  # the config's flavor
     norms = args.n_layers * args.dim + args.dim  # one per block, then the final norm
@@ -84,78 +57,17 @@ def test_inspect_counts_one_norm_per_block(env):
     assert groups == {"embedding", "norm", "attention", "gate", "ffn", "output"}
 
 
-def test_three_steps_train_and_match_one_process_on_fsdp_and_tp(runs):
-    """Losses step by step, and the step-3 parameters relative to what 2 steps moved them
-    (measured 1.2e-3 on FSDP 2, 9.8e-4 on TP 2: Adam's first steps magnify the rounding of
-    another reduction order where a gradient is near zero; a wrong layout is off by ~1)."""
-    metrics = {layout: [m for m in read_metrics(dump) if "loss" in m] for layout, dump in runs.items()}
-    reference = [m["loss"] for m in metrics["one"]]
-    assert len(reference) == STEPS and reference[-1] < reference[0]
-    last = {layout: load_model_state(dump / "checkpoint" / f"step-{STEPS}") for layout, dump in runs.items()}
-    first = load_model_state(runs["one"] / "checkpoint" / "step-1")
-    moved = max((last["one"][k] - first[k]).abs().max().item() for k in first)
-    for layout in ("fsdp2", "tp2"):
-        losses = [m["loss"] for m in metrics[layout]]
-        assert losses == pytest.approx(reference, abs=1e-5), layout
-        off = max((last[layout][k] - last["one"][k]).abs().max().item() for k in first)
-        print(f"{layout}: loss {max(abs(a - b) for a, b in zip(losses, reference)):.1e}, parameters {off / moved:.1e}")
-        assert off <= 1e-2 * moved, (layout, off, moved)
-
-
-def test_the_live_diagnostics_measure_the_parallel_block(runs):
-    """The residual flow is read at the blocks, whatever they hold: present at steps 1 and
-    3, and the same on 2 TP ranks (each summing its shard of the sequence) as on one."""
-    rows = {layout: {m["step"]: m for m in read_metrics(dump) if "gamma/residual_flow_ratio" in m}
-            for layout, dump in runs.items()}
-    assert sorted(rows["one"]) == [1, STEPS]
-    for step, row in rows["one"].items():
-        assert 0 < row["gamma/residual_flow_ratio"] < 10
-        assert {"gamma/sink_score/mean", "gamma/eps_dominated_fraction/layer_0/norm"} <= set(row)
-        for layout in ("fsdp2", "tp2"):
-            assert rows[layout][step]["gamma/residual_flow_ratio"] == pytest.approx(
-                row["gamma/residual_flow_ratio"], rel=1e-4), (layout, step)
-
-
-def test_hugging_face_export_carries_the_block_and_gives_our_logits(runs, env, tmp_path):
-    transformers = pytest.importorskip("transformers")
-    step = runs["one"] / "checkpoint" / f"step-{STEPS}"
-    # transformers caches remote code by the folder's name: another test's "hf" folder loaded in
-    # this process earlier would lend its GammaConfig class (and the model registered for it)
-    hf_dir = tmp_path / "parallel_block_hf"
-    gamma_titan(env, "convert", "to-hf", step, hf_dir)
-    files = {p.name for p in hf_dir.iterdir()}
-    assert {"modeling_gamma.py", "configuration_gamma.py", "modeling_parallel_block.py"} <= files
-    config = json.loads((hf_dir / "config.json").read_text())
-    assert config["architectures"] == ["ParallelBlockForCausalLM"]
-
-    record = json.loads((step.parent / "model.json").read_text())
-    args = ParallelBlockArgs(**{k: v for k, v in record["args"].items() if k != "init"})
-    ours = ParallelBlockLM(args)
-    ours.load_state_dict(load_model_state(step), strict=False)  # the rotary cache is no parameter
-    ours.eval()
-    hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32,
-                                                           trust_remote_code=True)
-    assert type(hf).__name__ == "ParallelBlockForCausalLM"
-    tokens = torch.randint(0, args.vocab_size, (2, 64), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        assert (ours(tokens) - hf(tokens).logits).abs().max().item() <= 1e-4
-
-    gamma_titan(env, "convert", "from-hf", hf_dir, tmp_path / "back")
-    original, back = load_model_state(step), load_model_state(tmp_path / "back")
-    assert original.keys() == back.keys() and all(torch.equal(original[k], back[k]) for k in original)
-
-
 def test_a_block_child_without_a_tp_plan_is_refused_and_its_own_plan_is_used():
     """The TP plan is read off the block's children: norms, shared modules by type, a
     module's own `tensor_parallel_plan`; anything else with weights is refused by name."""
     from torch import nn
     from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 
-    from gamma_titan.models.common.parallelize import TPStyles, block_tp_plan
+    from gamma_titan.models.common.parallelize import TPStyles, children_tp_plan
 
     styles = TPStyles(ColwiseParallel, RowwiseParallel, PrepareModuleInput, mesh=None)
     block = ParallelBlockLM(ParallelBlockArgs(dim=64, n_layers=1, n_heads=4, ffn_hidden_dim=96, vocab_size=64)).layers["0"]
-    plan = block_tp_plan(block, styles)
+    plan = children_tp_plan(block, styles)
     assert isinstance(plan["norm"], SequenceParallel)
     assert {"attention", "attention.wq", "attention.wo", "attention.gate_proj", "feed_forward",
             "feed_forward.w1", "feed_forward.w2", "feed_forward.w3"} <= set(plan)
@@ -169,18 +81,67 @@ def test_a_block_child_without_a_tp_plan_is_refused_and_its_own_plan_is_used():
             return {"proj": styles.colwise()}
 
     block.extra = Scale()
-    assert isinstance(block_tp_plan(block, styles)["extra.proj"], ColwiseParallel)
+    assert isinstance(children_tp_plan(block, styles)["extra.proj"], ColwiseParallel)
     block.extra = nn.Linear(64, 64)
     with pytest.raises(ValueError, match="no plan for Linear \\('extra' of ParallelBlock\\)"):
-        block_tp_plan(block, styles)
+        children_tp_plan(block, styles)
 
-    class ResidualNorm(nn.RMSNorm):  # a shared type with a plan of its own: its plan, not the type's
+    class DTensorNorm(nn.RMSNorm):  # a shared type with a plan of its own: its plan, not the type's
         def tensor_parallel_plan(self, styles):
-            return {"": SequenceParallel(use_local_output=True)}
+            return {"": SequenceParallel(use_local_output=False)}
 
-    block.extra = ResidualNorm(64)
-    style = block_tp_plan(block, styles)["extra"]
-    assert isinstance(style, SequenceParallel) and style.use_local_output
+    block.extra = DTensorNorm(64)
+    style = children_tp_plan(block, styles)["extra"]
+    assert isinstance(style, SequenceParallel) and not style.use_local_output
+
+
+def test_norms_anywhere_in_a_block_are_planned_to_go_anywhere():
+    """gamma_sandwich's six norms sit in a ModuleDict, three of them post-norms whose output
+    joins the residual stream: each is sequence parallel with a local output (the stream's
+    form between planned modules), and a weight inside a container that no rule plans is
+    refused by its path. (The TP 2 run that needs it: tests/test_families.py.)"""
+    from torch import nn
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
+
+    from families.sandwich_block import SandwichBlockLM
+    from families.sandwich_block.model import SUBLAYERS, sandwich_flavors
+    from gamma_titan.models.common.parallelize import DECODER_CHILDREN, TPStyles, children_tp_plan
+
+    styles = TPStyles(ColwiseParallel, RowwiseParallel, PrepareModuleInput, mesh=None)
+    with torch.device("meta"):
+        model = SandwichBlockLM(sandwich_flavors["debug"])
+    plan = children_tp_plan(model.layers["0"], styles)
+    norms = {f"norms.{side}_{sublayer}" for sublayer in SUBLAYERS for side in ("pre", "post")}
+    assert norms <= set(plan) and all(isinstance(plan[n], SequenceParallel) and plan[n].use_local_output for n in norms)
+    assert {"feed_forward_in.w1", "attention.wq", "feed_forward.w2"} <= set(plan)
+    model.layers["0"].norms["odd"] = nn.Linear(64, 64)
+    with pytest.raises(ValueError, match="no plan for Linear \\('odd' of ModuleDict\\)"):
+        children_tp_plan(model.layers["0"], styles)
+    # the decoder's own children are apply_tp's; anything a family adds at the top is planned or refused alike
+    assert children_tp_plan(model, styles, skip=DECODER_CHILDREN) == {}
+    model.embedding_norm = nn.RMSNorm(64)
+    assert isinstance(children_tp_plan(model, styles, skip=DECODER_CHILDREN)["embedding_norm"], SequenceParallel)
+    model.extra_head = nn.Linear(64, 64)
+    with pytest.raises(ValueError, match="no plan for Linear \\('extra_head' of SandwichBlockLM\\)"):
+        children_tp_plan(model, styles, skip=DECODER_CHILDREN)
+
+
+def test_every_fixture_family_module_imports_where_the_package_is_imported():
+    """A family's Hugging Face block sits in its folder and imports cleanly as part of it
+    (from gamma_titan's copy of the shared package), as well as from a converted folder,
+    next to that copy (the family matrix loads it there)."""
+    import importlib
+    import pkgutil
+
+    import families
+
+    imported = [importlib.import_module(info.name)
+                for info in pkgutil.walk_packages(families.__path__, f"{families.__name__}.")]
+    hf_blocks = [m for m in imported if m.__name__.rsplit(".", 1)[1].startswith("modeling_")]
+    assert len(hf_blocks) == len(fixture_names())
+    for module in hf_blocks:
+        assert issubclass(module.__dict__[next(k for k in vars(module) if k.endswith("ForCausalLM")
+                                               and k != "GammaForCausalLM")], module.GammaForCausalLM)
 
 
 def test_a_parameter_no_module_claims_has_no_gamma_group():
@@ -192,3 +153,14 @@ def test_a_parameter_no_module_claims_has_no_gamma_group():
     model.layers["0"].extra = torch.nn.Linear(64, 64, bias=False)
     with pytest.raises(KeyError, match="layers.0.extra.weight"):
         model.init_rule("layers.0.extra.weight", (64, 64))
+
+
+def test_a_family_package_imported_first_registers_whole():
+    """A family's package imports gamma_titan.models, whose registry holds the installed
+    families: loaded at that import, the entry point would find its own package half-imported
+    (AttributeError: partially initialized module). The registry loads them at its first lookup."""
+    code = ("import gamma_titan, families.sandwich_block\n"
+            "from gamma_titan.models import TRAIN_SPECS\n"
+            "print(TRAIN_SPECS['gamma_sandwich'].model_cls.__name__)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.split()[-1] == "SandwichBlockLM", proc.stderr[-2000:]

@@ -5,8 +5,8 @@ its table of the paper's settings is what the configs and models hold, the diffe
 TorchTitan it states hold in TorchTitan, and its residual-flow numbers are inspect's.
 
 Elsewhere: the flavor tables (test_configs), the cluster table (test_estimate), the Layout
-(test_layout), the recipe dry runs, executed (test_recipes), the run folder and metrics.jsonl
-(test_training)."""
+and "Adding a model family" (test_layout), the recipe dry runs, executed (test_recipes), the
+run folder and metrics.jsonl (test_training)."""
 
 from __future__ import annotations
 
@@ -235,15 +235,23 @@ def test_the_differences_from_torchtitan_that_a_test_can_hold():
             assert tomllib.loads(config.read_text())["checkpoint"]["last_save_model_only"] is False, config
 
 
+def documented_families() -> list[str]:
+    """The families the README documents: those with a flavor table (a line `<!-- flavors:
+    NAME -->`, tools/readme_tables.py's); a new family needs none ("Adding a model family")."""
+    return [m[1] for line in README.splitlines() if (m := re.match(r"<!-- flavors: ([\w.-]+)", line))]
+
+
 def test_every_key_of_ours_is_in_the_readme():
     """Each key gamma-titan adds to a config is documented: every [gamma] key and sub-table
     (with each key of [gamma.data], [gamma.diagnostics], [gamma.reliability]) and
     [optimizer] weight_decay_policy appear as `key =` in a TOML block, every γ group in the
-    init_rate_overrides line, and every [model_args] field in a TOML block or in backticks."""
+    init_rate_overrides line, and every [model_args] field of a family the README documents
+    (one with a flavor table) in a TOML block or in backticks."""
     import dataclasses
 
     from gamma_titan.config.schema import Gamma, ModelArgsOverrides, Optimizer
     from gamma_titan.init import GROUPS
+    from gamma_titan.models import TRAIN_SPECS
 
     toml = "\n".join(code_blocks("toml"))
 
@@ -261,8 +269,10 @@ def test_every_key_of_ours_is_in_the_readme():
         else:
             missing += [] if f"[gamma.{f.name}]" in toml else [f"[gamma.{f.name}]"]
             missing += [f"gamma.{f.name}.{k.name}" for k in dataclasses.fields(table) if not in_toml(k.name)]
-    missing += [f"model_args.{f.name}" for f in dataclasses.fields(ModelArgsOverrides)
-                if not in_toml(f.name) and f"`{f.name}`" not in README]
+    documented = {name for family in documented_families()
+                  for name in type(next(iter(TRAIN_SPECS[family].model_args.values()))).model_args_fields()}
+    assert {"dim", "n_routed_experts"} <= documented <= {f.name for f in dataclasses.fields(ModelArgsOverrides)}
+    missing += [f"model_args.{name}" for name in sorted(documented) if not in_toml(name) and f"`{name}`" not in README]
     assert missing == []
 
 

@@ -119,3 +119,31 @@ def test_no_module_assigns_over_torchtitan_at_run_time():
     offences = [f"{path.relative_to(REPO)}:{line}" for path in (REPO / "gamma_titan").rglob("*.py")
                 for line in titan_assignments(path.read_text(encoding="utf-8"))]
     assert not offences, offences
+
+
+def test_a_wheel_of_the_repository_ships_every_module_and_hf_block(tmp_path):
+    """pip's wheel of the working tree (as `pip install .` builds it) holds every file under
+    gamma_titan/, the shared Hugging Face package and any family's HF block (its `HF_CODE`,
+    a modeling_*.py in its folder) included: a family folder is a package like any other."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
+                            capture_output=True, text=True, check=True).stdout.split("\0")
+    source = tmp_path / "src"
+    for name in filter(None, listed):
+        if (REPO / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, source / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path / "wheel"), str(source)], check=True, capture_output=True, timeout=300)
+    [wheel] = (tmp_path / "wheel").glob("gamma_titan-*.whl")
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    package = {name for name in filter(None, listed) if name.startswith("gamma_titan/") and (REPO / name).is_file()}
+    assert package - shipped == set()
+    hf_code = {str(path.relative_to(REPO)) for spec in TRAIN_SPECS.values() if spec.state_dict_adapter
+               for path in getattr(spec.state_dict_adapter, "HF_CODE", ())
+               if path.is_relative_to(REPO / "gamma_titan")}
+    assert hf_code <= shipped and {"gamma_titan/convert/hf_package/modeling_gamma.py"} <= shipped

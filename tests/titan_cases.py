@@ -15,14 +15,6 @@ TITAN_CONFIGS = {model: REPO / "configs" / "titan" / f"{model}_debug.toml"
 _SMALL = ("--training.seq_len", "64", "--training.local_batch_size", "2",
           "--validation.seq_len", "64", "--validation.local_batch_size", "2")
 SMALL_BATCH = {"llama3": (), "qwen3": _SMALL, "deepseek_v3": _SMALL}
-#: deepseek_v3's runs compared across layouts: at the config's lr (3e-3) its first steps are
-#: violent (gradient norms 10, 87, 24 at steps 2-4), and Adam's first update, lr·sign(g),
-#: turns last-bit differences of near-zero gradients into lr-sized ones, which top-k routing
-#: amplifies (measured with TP 2: gradient norm 3.8e-3 apart at step 2, 13% at step 3;
-#: with routing fixed, 1.1e-3 and 5.5%). A 10x smaller lr and TorchTitan's round-robin
-#: routing switch keep the comparison about the parallel layouts (measured then: PP 2 equal
-#: to 6 digits, TP 2 within 4e-5 in the gradient norm and 3e-7 in the loss, 4 steps).
-CALM = {"deepseek_v3": ("--optimizer.lr", "3e-4", "--debug.moe_force_load_balance", "true")}
 
 
 def titan_own_model(model: str, args):

@@ -54,6 +54,8 @@ def family_of_config(cfg: dict[str, Any]) -> tuple[str, Any]:
     readers = {n: a for n, a in pool.items() if model_type in a.HF_MODEL_TYPES}
     if len(readers) == 1:
         return next(iter(readers.items()))
+    if name is not None and not pool[name].HF_MODEL_TYPES:  # it converts from no folder: it says why
+        return name, pool[name]  # (its args_from_hf_config)
     if readers:
         raise ConfigError(f"config.json: model_type {model_type!r} is read by {', '.join(readers)}; "
                           f"name one in {MODEL_NAME_KEY}")

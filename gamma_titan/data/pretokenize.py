@@ -9,7 +9,11 @@ units it changed, and a finished run reads its input again and writes no shard; 
 written last, marks the folder complete. The unit layout does not depend on the number of
 processes, so neither does the output. The inputs are opened, and strictly checked, before
 anything is written; a call that fails before any unit is done leaves nothing behind (a
-folder holding only a plan is replaced by the next call, whatever its settings).
+folder holding only a plan is replaced by the next call, whatever its settings). A folder
+holding shards of other settings is refused, or with `restart` emptied of them (and only
+them) once the new inputs are open, then written afresh. A `val_fraction` that would hold
+out none of the input's documents (without a `val_input`) is refused before anything is
+written, naming the least fraction that holds one out.
 
 Text that is not clean (clean_text.py) is refused in one line, or with `errors` "replace" /
 "skip" cleaned while it is read (local files only), the counts in the summary and meta.json.
@@ -23,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import multiprocessing
 import os
 import shutil
@@ -75,10 +80,42 @@ class Result:
 
 def is_validation(text: str, fraction: float) -> bool:
     """Held-out by content: the same text always lands in the same split."""
-    if fraction <= 0:
-        return False
+    return fraction > 0 and held_out_rank(text) < fraction
+
+
+def held_out_rank(text: str) -> float:
+    """Where the text's hash falls in [0, 1): it is held out by any fraction above it."""
     digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "little") < fraction * 2**64
+    return int.from_bytes(digest, "little") / 2**64
+
+
+def _check_holds_out(texts: Iterator[str], val_fraction: float) -> None:
+    """Refuse a fraction that holds out none of the documents (the validation split would be
+    empty, which training refuses later): read until one is held out (soon, on any input of
+    more than a few times 1/fraction documents), else name the least fraction that would."""
+    least, count = 1.0, 0
+    for text in texts:
+        count += 1
+        rank = held_out_rank(text)
+        if rank < val_fraction:
+            return
+        least = min(least, rank)
+    if count:
+        step = 10.0 ** (math.floor(math.log10(least)) - 1)  # 2 significant digits, rounded up past it
+        needed = (math.floor(least / step) + 1) * step
+        fraction = f"use --val-fraction {needed:.2g} or more, or " if needed < 1 else ""
+        raise ConfigError(f"--val-fraction {val_fraction}: none of the {count} documents of --input is held out "
+                          f"(each is by a hash of its text); {fraction}give the validation documents with "
+                          "--val-input")
+
+
+def _texts(ds, docs_per_shard: int) -> Iterator[str]:
+    """The texts of an opened input, in order (a fresh pass; for a cleaned stream, one that
+    does not count into the run's error counts)."""
+    if isinstance(ds, _CleanStream):
+        ds = _CleanStream(ds.files, ds.builder, TextErrors(ds.errors.policy))
+    for batch in ds.iter(batch_size=docs_per_shard):
+        yield from (t for t in batch[TEXT_FIELD] if isinstance(t, str))
 
 
 # --------------------------------------------------------------------------- worker side
@@ -143,19 +180,32 @@ def _unit_is_intact(out: Path, record: dict[str, Any], dtype: np.dtype) -> bool:
     return True
 
 
-def _check_out(out: Path, plan: dict[str, Any]) -> None:
+def _check_out(out: Path, plan: dict[str, Any], restart: bool) -> bool:
     """`out` must be empty, a folder this same plan started (resume) or finished, or one an
-    earlier call planned without finishing any unit (replaced)."""
+    earlier call planned without finishing any unit (replaced); one of other settings only
+    with `restart`. Returns whether its shards are to be removed (restart)."""
     plan_file = out / PROGRESS_DIR / PLAN_FILE
     if plan_file.is_file():
         previous = {"errors": "strict", **json.loads(plan_file.read_text(encoding="utf-8"))}  # before --errors
         changed = sorted(k for k in plan.keys() | previous.keys() if plan.get(k) != previous.get(k))
         if changed and _holds_units(out):
+            if restart:
+                return True
             raise ConfigError(f"--out: {out} holds shards written with other settings "
-                              f"({', '.join(changed)} differ); use a new --out folder")
+                              f"({', '.join(changed)} differ); add --restart to replace them, "
+                              "or use a new --out folder")
     elif out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"--out: {out} exists and is not an empty folder or a pretokenize output; "
                           "use a new --out folder")
+    return False
+
+
+def _remove_output(out: Path) -> None:
+    """What pretokenize wrote in `out` (shards, progress records, meta.json), nothing else."""
+    for split in SPLITS:
+        shutil.rmtree(out / split, ignore_errors=True)
+    shutil.rmtree(out / PROGRESS_DIR, ignore_errors=True)
+    (out / META_FILE).unlink(missing_ok=True)
 
 
 def _holds_units(out: Path) -> bool:
@@ -244,6 +294,7 @@ def pretokenize(
     docs_per_shard: int = DEFAULT_DOCS_PER_SHARD,
     progress: bool = True,
     errors: str = "strict",
+    restart: bool = False,
 ) -> Result:
     """Tokenize `input` (and `val_input`) into shards in `out`; see the module docstring."""
     if not 0 <= val_fraction < 1:
@@ -262,13 +313,17 @@ def pretokenize(
     inputs = {"input": input, "val_input": val_input}
     plan = {"inputs": inputs, "val_fraction": val_fraction, "docs_per_shard": docs_per_shard,
             "tokenizer": info.to_json(), "dtype": dtype.name, "errors": errors}
-    _check_out(out, plan)
+    replace = _check_out(out, plan, restart)
     text_errors = None if errors == "strict" else TextErrors(errors)
     opened = {}
     with _datasets_progress(progress):  # opened and checked before anything is written
         for name, value in inputs.items():
             if value is not None:
                 opened[name] = _open_input(value, "--" + name.replace("_", "-"), docs_per_shard, text_errors)
+    if val_fraction > 0 and val_input is None:
+        _check_holds_out(_texts(opened["input"][0], docs_per_shard), val_fraction)
+    if replace:
+        _remove_output(out)
 
     created = not out.exists()
     progress_dir = out / PROGRESS_DIR

@@ -12,10 +12,13 @@ Epochs. When the training data is a shard dataset, the plan knows its size and r
 run that would pass over it more than the scale's `allow_epochs` times (default once):
 a model that sees its data again is partly measured on memorisation.
 
-ε-dominance. σ²(h) = d^(−2γ) at init (GammaArgs.hidden_var_at_init); a run whose ε exceeds
-EPS_DOMINANCE · σ²(h) has norms that see ε instead of the scale. The plan prints the
-ratio per run and warns when a recipe varies ε but ε dominates in none of its runs: such
-an ablation cannot show the paper's effect.
+ε-dominance. σ²(h) is the smallest variance any RMSNorm input has at init, measured on the
+run's model as `inspect` measures it (models/common/norm_inputs.py), over its leading blocks,
+one of each kind: the embedding's d^(−2γ) for pre-norm blocks, far less at a post-norm,
+whose input is a sublayer's output. A run whose ε exceeds EPS_DOMINANCE · σ²(h) has norms
+that see ε instead of the scale. The plan prints the ratio and the norm per run, and warns
+when a recipe varies ε but ε dominates in none of its runs (such an ablation cannot show
+the paper's effect), or keeps ε fixed and ε dominates in some (it masks small init).
 """
 
 from __future__ import annotations
@@ -69,7 +72,8 @@ class PlannedRun:
     corpus_tokens: int | None  # one epoch of the training data, when it is a shard dataset
     flops_per_token: int
     norm_eps: float
-    hidden_var: float  # σ²(h) = d^(−2γ) at init
+    hidden_var: float  # σ²(h): the smallest variance of a norm's input at init, measured
+    hidden_var_site: str  # the norm that sees it ("layers.*.attention_norm")
     gpu_hours: float
     cpu_hours: float  # on the CI machine (CPU_*): the tiny scale's estimate
     stop_grace_seconds: float  # between SIGTERM and exit: the step in progress and a full save (launch.py)
@@ -124,6 +128,23 @@ def _count_params(spec, args) -> tuple[int, int]:
     return total, total - embeddings
 
 
+#: (model class, args, probe length) -> (norm, σ²(h)): a pure function of them, asked again
+#: by the cells that differ in no model setting and by recipes that share a model.
+_SMALLEST_NORM_INPUT: dict[tuple, tuple[str, float]] = {}
+
+
+def smallest_norm_input(spec, args, seq_len: int) -> tuple[str, float]:
+    """The norm whose input has the smallest variance at init ("layers.*.attention_norm"),
+    and that variance."""
+    from gamma_titan.models.common.norm_inputs import PROBE_LEN, norm_inputs_at_init, norm_kind
+
+    key = (spec.model_cls, repr(args), min(seq_len, PROBE_LEN))
+    if key not in _SMALLEST_NORM_INPUT:
+        site, var = norm_inputs_at_init(spec.model_cls, args, seq_len).smallest()
+        _SMALLEST_NORM_INPUT[key] = norm_kind(site), var
+    return _SMALLEST_NORM_INPUT[key]
+
+
 def _argv(config: Path, overrides: dict[str, Any]) -> list[str]:
     return ["--job.config_file", str(config), *[a for k, v in overrides.items() for a in (f"--{k}", _cli(v))]]
 
@@ -154,13 +175,14 @@ def plan_run(recipe: Recipe, scale_name: str, run: Run, extra: dict[str, Any] | 
         samples = open_samples(config, "training", t.seq_len, resolve_tokenizer_path(config.model.hf_assets_path))
         corpus = samples.epoch_samples * t.seq_len
     active = args.active_params()
+    site, hidden_var = smallest_norm_input(spec, args, t.seq_len)
     return PlannedRun(name=run.name, config=str(model.config), overrides=overrides, values=run.values, arm=run.arm,
                       cell=run.cell, seed=run.seed, model_label=model.label, nodes=model.nodes, gpus_per_node=model.gpus_per_node, params=params,
                       params_non_embedding=non_embedding, width=args.model_width(), active_params=active,
                       seq_len=t.seq_len,
                       global_batch=global_batch, steps=0, tokens=0, corpus_tokens=corpus,
                       flops_per_token=args.flops_per_token(t.seq_len), norm_eps=args.norm_eps,
-                      hidden_var=args.hidden_var_at_init(), gpu_hours=0.0, cpu_hours=0.0,
+                      hidden_var=hidden_var, hidden_var_site=site, gpu_hours=0.0, cpu_hours=0.0,
                       stop_grace_seconds=config.gamma.reliability.stop_grace_seconds)
 
 
@@ -260,14 +282,22 @@ def cost_line(scale: Scale, runs: list[PlannedRun]) -> str:
 
 def eps_warnings(recipe: Recipe, runs: list[PlannedRun]) -> list[str]:
     """A warning when the recipe ablates ε (its grid varies ε, everything else fixed) and ε
-    dominates σ²(h) in none of its runs. (Arms that change ε together with γ compare
-    whole settings, not ε.)"""
-    if NORM_EPS not in recipe.grid or any(r.eps_dominated for r in runs):
-        return []
+    dominates σ²(h) in none of its runs (arms that change ε together with γ compare whole
+    settings, not ε); and one when ε is the same in every run and dominates in some: their
+    norms see ε, which masks the effect of small init the recipe measures."""
     worst = max(runs, key=lambda r: r.eps_ratio)
-    return [f"WARNING: this recipe varies ε, but ε ≤ {EPS_DOMINANCE:g}·σ²(h) in every run (largest ε/σ²(h): "
-            f"{worst.eps_ratio:.3g}, run {worst.name}); the norms see the scale either way, so the ablation "
-            "cannot show an effect. Use a wider model (σ²(h) = d^(−2γ)) or a larger γ."]
+    where = f"run {worst.name}, at {worst.hidden_var_site}"
+    dominated = [r for r in runs if r.eps_dominated]
+    if NORM_EPS in recipe.grid and not dominated:
+        return [f"WARNING: this recipe varies ε, but ε ≤ {EPS_DOMINANCE:g}·σ²(h) in every run (largest ε/σ²(h): "
+                f"{worst.eps_ratio:.3g}, {where}); the norms see the scale either way, so the ablation "
+                "cannot show an effect. Use a wider model (σ²(h) = d^(−2γ) at a pre-norm) or a larger γ."]
+    if len({r.norm_eps for r in runs}) == 1 and dominated:
+        return [f"WARNING: ε = {worst.norm_eps:g} dominates a norm's input at init in {len(dominated)} of "
+                f"{len(runs)} runs (ε/σ²(h) up to {worst.eps_ratio:.3g}, {where}: σ²(h) = "
+                f"{worst.hidden_var:.3g}): those norms see ε instead of the scale, which masks the effect of "
+                "small init (paper §2.1). Lower gamma.norm_eps (e.g. 1e-12)."]
+    return []
 
 
 def format_plan(recipe: Recipe, scale: str, runs: list[PlannedRun]) -> str:
@@ -284,7 +314,8 @@ def format_plan(recipe: Recipe, scale: str, runs: list[PlannedRun]) -> str:
             f"    steps {r.steps} x {r.global_batch} seq x {r.seq_len}  ≈ "
             + (f"{r.cpu_hours * 60:.3g} CPU-minutes" if scale == "tiny" else f"{r.gpu_hours:.3g} GPU-hours"),
             f"    ε / σ²(h) at init = {r.norm_eps:g} / {r.hidden_var:.3g} = {r.eps_ratio:.3g}"
-            + (" (ε-DOMINATED)" if r.eps_dominated else f" (ε negligible: <= {EPS_DOMINANCE:g})"),
+            + (" (ε-DOMINATED" if r.eps_dominated else f" (ε negligible: <= {EPS_DOMINANCE:g}")
+            + f"; σ²(h) at {r.hidden_var_site}, the smallest norm input)",
             "    overrides " + " ".join(f"--{k} {_cli(v)}" for k, v in r.overrides.items()),
         ]
     lines.append(cost_line(recipe.scale(scale), runs))

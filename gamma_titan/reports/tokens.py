@@ -49,7 +49,8 @@ def load_model(checkpoint: str | Path, key: str):
     state = load_model_state(checkpoint, key=key)
     name, args, record = read_model_record(checkpoint, key=key)
     model = TRAIN_SPECS[name].model_cls(args)
-    model.init_weights()  # buffers (the rotary cache); every parameter is then overwritten
+    with torch.no_grad():  # TorchTitan's own init writes its leaves in place, as under its trainer's no_grad
+        model.init_weights()  # buffers (the rotary cache); every parameter is then overwritten
     missing, unexpected = model.load_state_dict(state, strict=False)
     params = {n for n, _ in model.named_parameters()}
     if unexpected or params & set(missing):

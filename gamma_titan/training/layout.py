@@ -127,7 +127,8 @@ class LayoutRules:
 
     def _refusal(self, problem: str, asked: Layout, candidates: list, world: int) -> LayoutError:
         general = [asked.refit(world, tp=1, etp=1), replace(asked, ep=1, etp=1), asked.refit(world, cp=1),
-                   asked.refit(world, pp=1), asked.refit(world, replicate=1, tp=1, cp=1, pp=1, ep=1, etp=1)]
+                   asked.refit(world, pp=1), asked.refit(world, replicate=1, tp=1, cp=1, pp=1, ep=1, etp=1),
+                   Layout(replicate=world)]  # DDP: for a model whose own rule refuses sharding
         instead = next((c for c in candidates + general
                         if c is not None and c != asked and c.world == world and self.problem(c) is None),
                        Layout(shard=world))

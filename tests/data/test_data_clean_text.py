@@ -225,3 +225,56 @@ def test_train_refuses_an_unclean_hf_source_before_its_run_folder(dirty, tmp_pat
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: training.dataset_path: ") and expected in last
     assert not dump.exists()
+
+
+def test_a_fraction_that_holds_out_nothing_is_refused_before_anything_is_written(tmp_path, builtin_tokenizer):
+    """30 documents at 1%: none is held out (each is by its text's hash), so the validation
+    split would be empty, which training refuses much later. Refused now, naming the least
+    fraction that holds one out; that fraction does (the least document's rank, recomputed)."""
+    import re
+
+    from gamma_titan.data.pretokenize import held_out_rank
+
+    texts = docs(30)
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", texts)
+    least = min(held_out_rank(t) for t in texts)
+    assert least > 0.01  # the case: no document under 1%
+    with pytest.raises(ConfigError) as refused:
+        pretokenize(str(corpus), builtin_tokenizer, tmp_path / "out", val_fraction=0.01, progress=False)
+    text = str(refused.value)
+    assert "\n" not in text and text.startswith("--val-fraction 0.01: none of the 30 documents of --input is held out")
+    needed = float(re.search(r"use --val-fraction (\S+) or more", text).group(1))
+    assert least < needed <= 1.1 * least and not (tmp_path / "out").exists()
+    result = pretokenize(str(corpus), builtin_tokenizer, tmp_path / "out", val_fraction=needed, progress=False)
+    assert result.meta["splits"]["validation"]["docs"] >= 1
+    # with --val-input the input may hold nothing out: the validation split has those
+    heldout = write_jsonl(tmp_path / "val.jsonl", docs(3))
+    result = pretokenize(str(corpus), builtin_tokenizer, tmp_path / "with_val", val_input=str(heldout),
+                         val_fraction=0.01, progress=False)
+    assert result.meta["splits"]["validation"]["docs"] == 3
+
+
+def test_restart_replaces_the_shards_of_other_settings_and_nothing_else(tmp_path, builtin_tokenizer, capsys):
+    """Other settings in an existing --out are refused, naming --restart; with it, that
+    folder's shards, records and meta.json go (a file of the user's beside them stays) once
+    the new input has opened, and the output is what a fresh folder gets."""
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", docs(30))
+    out = tmp_path / "out"
+    pretokenize(str(corpus), builtin_tokenizer, out, docs_per_shard=10, progress=False)
+    (out / "NOTES.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="add --restart to replace them, or use a new --out folder"):
+        pretokenize(str(corpus), builtin_tokenizer, out, docs_per_shard=5, progress=False)
+    with pytest.raises(ConfigError, match="does not exist"):  # a bad new input: the old shards stay
+        pretokenize(str(tmp_path / "missing.jsonl"), builtin_tokenizer, out, docs_per_shard=5, progress=False,
+                    restart=True)
+    assert len(list((out / "train").iterdir())) == 2 * 3  # 3 shards and their indexes
+    from gamma_titan.cli import main as cli_main
+
+    with pytest.raises(SystemExit) as done:
+        cli_main(["pretokenize", "--input", str(corpus), "--tokenizer", str(builtin_tokenizer), "--out", str(out),
+                  "--docs-per-shard", "5", "--restart", "--quiet"])
+    assert done.value.code == 0
+    fresh = pretokenize(str(corpus), builtin_tokenizer, tmp_path / "fresh", docs_per_shard=5, progress=False)
+    meta = json.loads((out / "meta.json").read_text())
+    assert shard_hashes(meta) == shard_hashes(fresh.meta) and (out / "NOTES.txt").read_text() == "mine"
+    assert len(list((out / "train").iterdir())) == 2 * 6

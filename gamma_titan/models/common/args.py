@@ -103,12 +103,6 @@ class GammaArgs(BaseModelArgs):
         """d, the residual stream's width (the axis of the recipes' tuned ladder)."""
         return int(self.dim)
 
-    def hidden_var_at_init(self) -> float:
-        """σ²(h) at the first RMSNorm at init: the token embedding's variance d^(−2γ) (the
-        smallest over the norms' inputs, since each block adds to it). ε matters once it
-        is no longer far below this."""
-        return float(self.dim) ** (-2 * self.init.rate_for("embedding"))
-
     def supports_pipeline_parallel(self) -> bool:
         """Whether the family's TrainSpec has a pipelining function."""
         return False

@@ -91,7 +91,16 @@ class TPStyles:
 
 def apply_tp(model: nn.Module, tp_mesh, loss_parallel: bool, float8_tensorwise: bool) -> None:
     """Megatron-style TP with sequence-parallel norms, as TorchTitan's llama3 plan; each
-    block's plan comes from its modules (`block_tp_plan`)."""
+    block's plan comes from its modules (`children_tp_plan`), and so does that of any top-level
+    module besides the decoder's own."""
+    styles = TPStyles(ColwiseParallel, RowwiseParallel, PrepareModuleInput, tp_mesh)
+    if float8_tensorwise:
+        from torchao.float8.float8_linear import Float8Linear
+        from torchao.float8.float8_tensor_parallel import (Float8ColwiseParallel, Float8RowwiseParallel,
+                                                           PrepareFloat8ModuleInput)
+
+        styles = TPStyles(Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput, tp_mesh,
+                          plain=styles, float8_linear=Float8Linear)
     parallelize_module(
         model,
         tp_mesh,
@@ -103,46 +112,53 @@ def apply_tp(model: nn.Module, tp_mesh, loss_parallel: bool, float8_tensorwise: 
                 output_layouts=Shard(-1) if loss_parallel else Replicate(),
                 use_local_output=not loss_parallel,
             ),
+            **children_tp_plan(model, styles, skip=DECODER_CHILDREN),
         },
     )
-    styles = TPStyles(ColwiseParallel, RowwiseParallel, PrepareModuleInput, tp_mesh)
-    if float8_tensorwise:
-        from torchao.float8.float8_linear import Float8Linear
-        from torchao.float8.float8_tensor_parallel import (Float8ColwiseParallel, Float8RowwiseParallel,
-                                                           PrepareFloat8ModuleInput)
-
-        styles = TPStyles(Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput, tp_mesh,
-                          plain=styles, float8_linear=Float8Linear)
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, block_tp_plan(block, styles))
+        parallelize_module(block, tp_mesh, children_tp_plan(block, styles))
     logger.info(f"Applied {'Float8 tensorwise ' if float8_tensorwise else ''}tensor parallelism")
 
 
-def block_tp_plan(block: nn.Module, styles: TPStyles) -> dict:
-    """A block's TP plan, from what its children are, whatever their names: a child with a
-    `tensor_parallel_plan(styles)` method gets that plan (relative to itself; "" is the
-    child itself), whatever type it subclasses; every other RMSNorm child is sequence
-    parallel (the residual stream between blocks is sharded along the sequence); a child of
-    a type in MODULE_PLANS gets that plan; an MoE layer
-    is left to TorchTitan's expert plans (the MoE family's parallelize). Any other child
-    with parameters is refused: accepted and left unsplit, it would train on each rank's
-    shard of the sequence alone."""
+#: The decoder skeleton's own children (DecoderLM), planned by apply_tp itself.
+DECODER_CHILDREN = ("tok_embeddings", "layers", "norm", "output")
+
+
+def children_tp_plan(parent: nn.Module, styles: TPStyles, skip: tuple[str, ...] = ()) -> dict:
+    """The TP plan of a module's children, relative to it:
+
+    * a child with a `tensor_parallel_plan(styles)` method gets that plan (relative to
+      itself; "" is the child itself), whatever type it subclasses, an nn.RMSNorm included;
+    * every other RMSNorm is sequence parallel with a local output. Between planned modules
+      the residual stream is each rank's local shard of the sequence, so a norm's output can
+      go wherever the block sends it: into a sublayer (whose input preparation gathers the
+      sequence) or back into the residual stream (a post-norm, `h + norm(f(h))`), where a
+      DTensor would meet the local stream;
+    * a child of a type in MODULE_PLANS gets that plan; an MoE layer is left to
+      TorchTitan's expert plans (the MoE family's parallelize);
+    * a container without parameters of its own (a ModuleDict of norms, a Sequential) is
+      planned child by child, by these same rules;
+    * any other child with parameters is refused: accepted and left unsplit, it would
+      train on each rank's shard of the sequence alone."""
     plan = {}
-    for name, child in block.named_children():
+    for name, child in parent.named_children():
+        if name in skip:
+            continue
         if hasattr(child, "tensor_parallel_plan"):  # a module's own plan comes first, whatever it subclasses
             sub = child.tensor_parallel_plan(styles)
         elif isinstance(child, nn.RMSNorm):
-            plan[name] = SequenceParallel()
-            continue
+            sub = {"": SequenceParallel(use_local_output=True)}
         elif isinstance(child, MoE):
             continue
         elif type(child) in MODULE_PLANS:
             sub = MODULE_PLANS[type(child)](child, styles)
         elif not any(True for _ in child.parameters()):
             continue
+        elif not any(True for _ in child.parameters(recurse=False)):
+            sub = children_tp_plan(child, styles)
         else:
             raise ValueError(f"tensor parallelism has no plan for {type(child).__name__} ({name!r} of "
-                             f"{type(block).__name__}): give it a tensor_parallel_plan(styles) method")
+                             f"{type(parent).__name__}): give it a tensor_parallel_plan(styles) method")
         plan |= {f"{name}.{key}" if key else name: style for key, style in sub.items()}
     return plan
 

@@ -37,6 +37,7 @@ from gamma_titan.models.common.sdpa_kernels import AttentionShape
 
 from .hf import gamma_moe_config, package_reason
 from .knobs import GateProjection, TitanArgs, TitanKnobs, local, parallelize_gate_projections
+from .moe import complete_router_gradients
 
 
 @dataclass
@@ -134,7 +135,9 @@ def parallelize(model: nn.Module, parallel_dims, job_config):
     rank's local heads, as TorchTitan's plan hands the attention output to `wo`; TorchTitan
     refuses float8 tensorwise TP for this model)."""
     parallelize_gate_projections(model, parallel_dims, job_config, local_output=True)
-    return parallelize_deepseekv3(model, parallel_dims, job_config)
+    model = parallelize_deepseekv3(model, parallel_dims, job_config)
+    complete_router_gradients(model, parallel_dims)
+    return model
 
 
 #: transformers' DeepSeek MLA norms (q_a_layernorm, kv_a_layernorm) take no ε from config.json: always this

@@ -131,13 +131,6 @@ class TitanArgs(GammaArgs):
         """d, the residual stream's width (the axis of the recipes' tuned ladder)."""
         return int(self.dim)
 
-    def hidden_var_at_init(self) -> float:
-        """σ²(h) at the first norm: the embedding's variance, d^(−2γ) under γ-init, 1 under
-        TorchTitan's N(0, 1) embedding init."""
-        if self.init is None:
-            return 1.0
-        return float(self.dim) ** (-2 * self.init.rate_for("embedding"))
-
     def float8_excluded_fqns(self) -> list[str]:
         """The output head and, for a headwise gate, its d -> n_heads projection (too
         narrow for float8's scaled matmuls)."""

@@ -13,13 +13,31 @@ router also keeps the load counter moe_load_metrics reads (models/common/moe.py)
 from __future__ import annotations
 
 import torch
+import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torchtitan.models.moe.moe import MoE, MoEArgs, TokenChoiceTopKRouter
 
 from gamma_titan.models.common.moe import CountingReorderer, CountsLoad, IntegerHistcByScatter, RoutedExperts
 
 
+class SumGradient(torch.autograd.Function):
+    """The identity forward; backward, the gradient summed over a process group (a
+    functional collective, which torch.compile traces)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return funcol.all_reduce(grad.contiguous(), "sum", ctx.group), None
+
+
 class CountingRouter(CountsLoad, TokenChoiceTopKRouter):
+    #: The TP group the scores' gradient is summed over, where it arrives split (complete_router_gradients).
+    score_grad_group = None
+
     def __init__(self, moe_args: MoEArgs, dim: int):
         super().__init__(dim=dim, num_experts=moe_args.num_experts, num_expert_groups=moe_args.num_expert_groups,
                          num_limited_groups=moe_args.num_limited_groups, top_k=moe_args.top_k,
@@ -36,6 +54,8 @@ class CountingRouter(CountsLoad, TokenChoiceTopKRouter):
                 routed = super().forward(x, expert_bias)
         with torch.no_grad():
             self.load += routed[2].to(self.load.dtype)
+        if self.score_grad_group is not None:
+            routed = (SumGradient.apply(routed[0], self.score_grad_group), *routed[1:])
         return routed
 
 
@@ -46,6 +66,24 @@ def make_cpu_capable(moe: MoE, moe_args: MoEArgs) -> None:
     moe.router = CountingRouter(moe_args, dim)
     moe.reorderer = CountingReorderer(num_experts=moe_args.num_experts, top_k=moe_args.top_k)
     moe.experts = RoutedExperts(dim, hidden_dim, moe_args.num_experts, "auto" if moe_args.use_grouped_mm else "loop")
+
+
+def complete_router_gradients(model: nn.Module, parallel_dims) -> None:
+    """TorchTitan 0.2.2 under TP (pytorch/torchtitan#2387, fixed upstream after 0.2.2):
+    where the routed experts weight their outputs by the scores (score_before_experts off:
+    deepseek_v3) the experts' output is each TP rank's part of a sum (their hidden dimension
+    is split), and where EP borrows the TP ranks (expert TP 1) each rank routes its own
+    tokens; either way the scores' gradient is a part, which TorchTitan's replicated router
+    weight takes as the whole (measured on deepseek_v3's debug model at TP 2: the router's
+    update 100% off one process's after one step). Summed over the TP ranks, it is whole.
+    Call after TorchTitan's parallelize function."""
+    if not parallel_dims.tp_enabled:
+        return
+    borrowed = parallel_dims.ep_enabled and parallel_dims.etp == 1
+    for module in model.modules():
+        if isinstance(module, MoE) and isinstance(module.router, CountingRouter) and (
+                borrowed or not module.score_before_experts):
+            module.router.score_grad_group = parallel_dims.get_mesh("tp").get_group()
 
 
 def reset_load(model: nn.Module, device) -> None:

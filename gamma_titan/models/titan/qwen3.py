@@ -35,6 +35,11 @@ from gamma_titan.models.common.sdpa_kernels import AttentionShape
 
 from .hf import gamma_moe_config, package_reason
 from .knobs import GateProjection, TitanArgs, TitanKnobs, local, parallelize_gate_projections
+from .moe import complete_router_gradients
+
+
+#: torch 2.13's FSDP refuses a parameter held by two FSDP groups (pytorch/pytorch#179532).
+FSDP_REFUSES_SHARED_PARAMETERS = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 13)
 
 
 @dataclass
@@ -54,6 +59,17 @@ class Qwen3Args(TitanArgs, Qwen3ModelArgs):
 
     def expert_parallel_divisor(self) -> int:
         return self.moe_args.num_experts if self.moe_enabled else 1
+
+    def check_parallelism(self, layout) -> None:
+        """TorchTitan 0.2.2's FSDP shards the embedding and the output head in groups of their
+        own; a flavor that ties them (debugmodel, 0.6B, 1.7B, 4B) then has one parameter in
+        two groups, which torch 2.13's FSDP refuses at the first step (measured on CPU;
+        TorchTitan groups them since pytorch/torchtitan#2522)."""
+        if self.enable_weight_tying and layout.shard > 1 and FSDP_REFUSES_SHARED_PARAMETERS:
+            raise ConfigError(
+                f"parallelism.data_parallel_shard_degree = {layout.shard}: this qwen3 flavor ties the embedding "
+                "and the output head, which TorchTitan 0.2.2's FSDP shards in two groups (torch "
+                f"{torch.__version__.split('+')[0]} refuses that; the flavors of 8B and up and the MoE ones shard)")
 
     def unsupported_keys(self) -> dict[str, str]:
         return super().unsupported_keys() | {  # TorchTitan 0.2's parallelize_qwen3 passes use_deepep=False
@@ -125,7 +141,9 @@ def parallelize(model: nn.Module, parallel_dims, job_config):
     """TorchTitan's parallelize_qwen3, the gate projections column-parallel first (their
     output a DTensor sharded on the heads, as TorchTitan's plan leaves the attention output)."""
     parallelize_gate_projections(model, parallel_dims, job_config, local_output=False)
-    return parallelize_qwen3(model, parallel_dims, job_config)
+    model = parallelize_qwen3(model, parallel_dims, job_config)
+    complete_router_gradients(model, parallel_dims)
+    return model
 
 
 def transformers_mismatch(a: Qwen3Args) -> str | None:

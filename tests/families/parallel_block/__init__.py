@@ -14,9 +14,12 @@ from gamma_titan.models.common.train_spec import family_train_spec
 
 from .model import ParallelBlockArgs, ParallelBlockLM, ParallelBlockStateDictAdapter, parallel_flavors
 
+#: The name its entry point registers it under (tests/conftest.py installs it).
+NAME = "gamma_parallel"
+
 
 def get_train_spec() -> TrainSpec:
     return family_train_spec(ParallelBlockLM, parallel_flavors, parallelize_decoder, ParallelBlockStateDictAdapter)
 
 
-__all__ = ["ParallelBlockArgs", "ParallelBlockLM", "get_train_spec"]
+__all__ = ["NAME", "ParallelBlockArgs", "ParallelBlockLM", "get_train_spec"]

@@ -3,7 +3,10 @@ modeling_gamma.py in a converted folder: h + Attn(x) + FFN(x), x = RMSNorm(h).""
 
 from torch import nn
 
-from .modeling_gamma import GammaAttention, GammaFeedForward, GammaForCausalLM
+try:  # in a converted folder, next to the shared package's files
+    from .modeling_gamma import GammaAttention, GammaFeedForward, GammaForCausalLM
+except ImportError:  # in the family's own folder, where gamma_titan holds them
+    from gamma_titan.convert.hf_package.modeling_gamma import GammaAttention, GammaFeedForward, GammaForCausalLM
 
 
 class ParallelBlock(nn.Module):
