@@ -2,7 +2,7 @@
 
     gamma-titan train CONFIG.toml [--nproc N] [--section.key value ...]
     gamma-titan inspect CONFIG.toml [--json] [--section.key value ...]
-    gamma-titan tokenizer train [--input SOURCE --out DIR] [--vocab-size N] [--force]
+    gamma-titan tokenizer train [--input SOURCE --out DIR] [--mixture TABLE] [--vocab-size N] [--force]
     gamma-titan pretokenize --input SOURCE --tokenizer DIR --out DIR [--num-proc N] [--val-fraction F]
     gamma-titan convert to-hf CHECKPOINT_DIR OUT_DIR [--dtype fp32|bf16] [--overwrite]
     gamma-titan convert from-hf HF_DIR CHECKPOINT_DIR [--overwrite]
@@ -15,6 +15,7 @@
                            [--steps N] [--seeds S,S,...] [--allow-epochs E]
                                 [--section.key value ...]   (overrides for every run)
     gamma-titan recipe list
+    gamma-titan cache [clear [ENTRY ...]]
 
 `train` checks the config here, then starts `torchrun -m gamma_titan.train` with N
 processes on this node (default: the number of GPUs, or 1 without one); one process trains
@@ -122,8 +123,9 @@ def cmd_tokenizer_train(ns, overrides: list[str]) -> int:
     from gamma_titan.data.tokenizer import ensure_builtin_tokenizer, train_tokenizer_from
 
     if ns.input is None:
-        if ns.out is not None:
-            raise ConfigError("--out: needs --input (without it, the built-in tokenizer is built in the cache)")
+        if ns.out is not None or ns.mixture is not None:
+            raise ConfigError(f"{'--out' if ns.out is not None else '--mixture'}: needs --input (without it, the "
+                              "built-in tokenizer is built in the cache)")
         print(ensure_builtin_tokenizer(ns.vocab_size, force=ns.force))
         return 0
     if ns.out is None:
@@ -131,7 +133,7 @@ def cmd_tokenizer_train(ns, overrides: list[str]) -> int:
     from gamma_titan.data.clean_text import TextErrors
 
     errors = None if ns.errors == "strict" else TextErrors(ns.errors)
-    print(train_tokenizer_from(ns.input, ns.vocab_size, ns.out, force=ns.force, errors=errors))
+    print(train_tokenizer_from(ns.input, ns.vocab_size, ns.out, force=ns.force, errors=errors, mixture=ns.mixture))
     if errors is not None:
         print(errors.summary())
     return 0
@@ -221,6 +223,27 @@ def cmd_report_tokens(ns, overrides: list[str]) -> int:
     return 0
 
 
+def cmd_cache(ns, overrides: list[str]) -> int:
+    if overrides:
+        raise ConfigError(f"unknown arguments: {' '.join(overrides)}")
+    from gamma_titan.data.cache import CACHE_KINDS, cache_dir, cache_entries, clear_cache
+
+    if ns.action == "clear":
+        removed = clear_cache(ns.entries)
+        print(f"{cache_dir()}: removed {len(removed)} entries, {sum(b for _, b in removed) / 2**20:.1f} MiB")
+        return 0
+    if ns.entries:
+        raise ConfigError(f"cache: entries are named to `cache clear` only (got {' '.join(ns.entries)})")
+    entries = cache_entries()
+    print(f"{cache_dir()} (${'GAMMA_TITAN_CACHE'} moves it): {sum(b for _, b in entries) / 2**20:.1f} MiB")
+    for kind, what in CACHE_KINDS.items():
+        mine = [(e, b) for e, b in entries if e == kind or e.startswith(kind + "/")]
+        if mine:
+            print(f"  {kind}/: {what}")
+            print("\n".join(f"    {e:<48} {b / 2**20:9.1f} MiB" for e, b in mine))
+    return 0
+
+
 def cmd_recipe(ns, overrides: list[str]) -> int:
     from gamma_titan.recipes.run import run_recipe
     from gamma_titan.recipes.spec import available, load_recipe
@@ -266,8 +289,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     tok = sub.add_parser("tokenizer", help="tokenizers").add_subparsers(dest="action", required=True)
     tok_train = tok.add_parser("train", help="train a byte-level BPE tokenizer (default: the built-in one, cached)")
-    tok_train.add_argument("--input", help="text to train on: a .jsonl/.json/.parquet/.txt file or folder, "
-                                           "a save_to_disk folder or a hub id (records need a 'text' field)")
+    tok_train.add_argument("--input", help="text to train on: a .jsonl/.json/.parquet/.txt file or folder (kinds "
+                                           "may mix), a save_to_disk folder, a hub id (records need a 'text' "
+                                           "field), or a mixture file of such sources")
+    tok_train.add_argument("--mixture", help="mix the sources in --input's folder by weight, as shard folders are: "
+                                             "'{ web = 0.7, code = 0.3 }' or a mixture file (.toml/.json)")
     tok_train.add_argument("--out", help="folder to write tokenizer.json and tokenizer_config.json to")
     tok_train.add_argument("--vocab-size", type=count(MIN_VOCAB_SIZE), default=DEFAULT_BUILTIN_VOCAB)
     tok_train.add_argument("--force", action="store_true", help="retrain even if cached / replace the one in --out")
@@ -369,7 +395,26 @@ def build_parser() -> argparse.ArgumentParser:
                             help="passes over the training data a run may make (default: the scale's, 1)")
     recipe_run.set_defaults(run=cmd_recipe)
     recipe_sub.add_parser("list", help="the recipes in recipes/").set_defaults(run=cmd_recipe)
+
+    cache = sub.add_parser("cache", help="what the cache holds (the built-in corpus, tokenizers, shards); clear it")
+    cache.add_argument("action", nargs="?", choices=("list", "clear"), default="list")
+    cache.add_argument("entries", nargs="*", help="clear: entries (kind/name) or kinds to remove; none: everything")
+    cache.set_defaults(run=cmd_cache)
     return parser
+
+
+#: What each command leaves when Ctrl-C stops it, and so what its rerun does.
+AFTER_CTRL_C = {
+    "train": "rerun the same command: it resumes from the run's last checkpoint, if it saved one",
+    "pretokenize": "the finished shards are kept: rerun the same command to go on from them",
+    "tokenizer": "no tokenizer was written: rerun the command",
+    "convert": "nothing was written (the folder is renamed into place only when whole): rerun the command",
+    "eval": "no results were written: rerun the command",
+    "recipe": "the finished runs are kept: rerun the same command to train the others",
+    "report": "no report was written: rerun the command",
+    "inspect": "nothing was written",
+    "cache": "an entry being removed may be half gone: `gamma-titan cache clear` it again",
+}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -380,6 +425,10 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         code = 2
+    except KeyboardInterrupt:  # one line, not the traceback of wherever it struck
+        what = AFTER_CTRL_C.get(ns.command, "rerun the command")
+        print(f"\ninterrupted: {ns.command} stopped by Ctrl-C; {what}", file=sys.stderr)
+        code = 130  # the shell's code for SIGINT
     sys.exit(code)
 
 

@@ -16,11 +16,11 @@ paper's Table 1 (second minus first, in points).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from gamma_titan.errors import ConfigError
+from gamma_titan.file_reads import read_json, read_json_lines
 
 # The paper's downstream suite (Table 1), as lm-evaluation-harness names the tasks.
 PAPER_SUITE = ("arc_challenge", "triviaqa", "mmlu", "hellaswag", "bbh", "social_iqa", "gsm8k",
@@ -28,14 +28,17 @@ PAPER_SUITE = ("arc_challenge", "triviaqa", "mmlu", "hellaswag", "bbh", "social_
 # Which metric stands for a task in the comparison table, in order of preference.
 PRIMARY_METRICS = ("acc_norm", "acc", "exact_match", "em", "f1")
 NOT_METRICS = ("alias", "sample_len", "sample_count")
+#: What to do about a damaged results file.
+RESULTS_HINT = "a results file `gamma-titan eval` writes: run the evaluation again"
 
 
 def local_task(name: str, jsonl: Path) -> dict[str, Any]:
     """An lm-eval multiple-choice task config over a local jsonl (no network, no YAML file)."""
     if not jsonl.is_file():
         raise ConfigError(f"--local-task {name}: {jsonl} does not exist")
-    first = json.loads(jsonl.read_text(encoding="utf-8").splitlines()[0])
-    missing = {"question", "choices", "answer"} - set(first)
+    lines = read_json_lines(jsonl, f"--local-task {name}: fix the file")
+    first = lines[0] if lines else {}
+    missing = {"question", "choices", "answer"} - set(first if isinstance(first, dict) else {})
     if missing:
         raise ConfigError(f"--local-task {name}: records of {jsonl} lack {', '.join(sorted(missing))}; "
                           'each needs "question", "choices" (a list) and "answer" (an index)')
@@ -132,7 +135,7 @@ def primary_metric(metrics: dict[str, float]) -> tuple[str, float] | None:
 
 def metrics_table(results: str | Path) -> str:
     """Markdown: every metric of every task of one results file, ×100 (what `eval` prints)."""
-    metrics = json.loads(Path(results).read_text(encoding="utf-8"))["metrics"]
+    metrics = read_json(results, RESULTS_HINT, keys=("metrics",))["metrics"]
     lines = ["| task | metric | value |", "|---|---|---:|"]
     lines += [f"| {task} | {name} | {100 * value:.2f} |" for task in sorted(metrics)
               for name, value in sorted(metrics[task].items())]
@@ -146,7 +149,7 @@ def compare(first: str | Path, second: str | Path, labels: tuple[str, str] | Non
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"compare: {path} does not exist")
-        runs.append(json.loads(path.read_text(encoding="utf-8"))["metrics"])
+        runs.append(read_json(path, RESULTS_HINT, keys=("metrics",))["metrics"])
     labels = labels or (Path(first).parent.parent.name or "first", Path(second).parent.parent.name or "second")
     lines = [f"| task | metric | {labels[0]} | {labels[1]} | gain |", "|---|---|---:|---:|---:|"]
     gains = []

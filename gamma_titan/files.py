@@ -30,6 +30,8 @@ HF_INDEX_FILE = "model.safetensors.index.json"
 #: outcome so far (done / failed, wall time). Written by `recipe run`, read by `report recipe`.
 RECIPE_PLAN_FILE = "recipe.json"
 RECIPE_STATUS_FILE = "status.json"
+#: What to do about a damaged one of a recipe's records.
+RECIPE_RECORD_HINT = "a record `gamma-titan recipe run` writes: rerun it (finished runs are kept) to write it again"
 
 #: TorchTitan's name for step n's checkpoint inside checkpoint.folder.
 STEP_FOLDER = re.compile(r"^step-(\d+)$")

@@ -161,6 +161,35 @@ def test_bf16_and_bad_input_writes_nothing(tmp_path, builtin_assets, capsys):
     assert not any((tmp_path / d).exists() for d in ("a", "b", "c", "fp16"))
 
 
+def test_an_interrupted_conversion_leaves_nothing_and_the_old_folder_whole(tmp_path, builtin_assets, monkeypatch):
+    """Both directions write into a hidden sibling renamed into place when whole: Ctrl-C (or a
+    failure) while the weights are written leaves no folder to block the retry, and under
+    --overwrite the folder that was there is untouched until the new one is complete."""
+    import gamma_titan.convert.hf as hf_module
+
+    _, step = _checkpoint(tmp_path / "run", small_args(gate="none", n_layers=2), builtin_assets[1])
+    assert _cli("convert", "to-hf", step, tmp_path / "hf") == 0
+    before = {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}
+    assert _cli("convert", "from-hf", tmp_path / "hf", tmp_path / "back") == 0
+    old_back = {p.relative_to(tmp_path / "back"): p.read_bytes() for p in (tmp_path / "back").rglob("*") if p.is_file()}
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hf_module, "_write_safetensors", interrupted)
+    monkeypatch.setattr(hf_module, "save_model_state", interrupted)
+    for argv in (("to-hf", step, tmp_path / "new"), ("to-hf", step, tmp_path / "hf", "--overwrite"),
+                 ("from-hf", tmp_path / "hf", tmp_path / "new_back"),
+                 ("from-hf", tmp_path / "hf", tmp_path / "back", "--overwrite")):
+        assert _cli("convert", *argv) == 130  # the one line of a Ctrl-C
+    assert not (tmp_path / "new").exists() and not (tmp_path / "new_back").exists()
+    assert {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()} == before
+    assert {p.relative_to(tmp_path / "back"): p.read_bytes() for p in (tmp_path / "back").rglob("*")
+            if p.is_file()} == old_back
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["back", "hf", "run"]  # no hidden leftovers
+
+
+
 @pytest.mark.parametrize("variant", ["dense-none", "dense-headwise", "moe-mla"])
 def test_checkpoints_save_and_load_in_hf(variant, tmp_path, builtin_assets):
     """TorchTitan's own HF path through the family's adapter: `checkpoint.last_save_in_hf`

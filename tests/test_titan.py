@@ -214,13 +214,14 @@ def test_what_cannot_run_on_a_cpu_is_refused_in_one_line(builtin_assets):
             f"parallelism.expert_parallel_degree = 2: {model}'s expert parallelism (TorchTitan's) orders tokens "
             "with a Triton kernel, which needs CUDA; use --parallelism.expert_parallel_degree 1 (shard 2)")
 
+    # the layout it names trains: DDP, as the debug flavor's tied head refuses FSDP (qwen3.py)
     assert refusal("--parallelism.tensor_parallel_degree", "2") == (
         "parallelism.tensor_parallel_degree = 2: qwen3's tensor parallelism shards SDPA's inputs, which needs "
-        "CUDA SDPA kernels; use --parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 1 "
-        "(shard 2)")
+        "CUDA SDPA kernels; use --parallelism.data_parallel_replicate_degree 2 --parallelism.tensor_parallel_degree 1 "
+        "(replicate 2)")
     assert refusal("--parallelism.pipeline_parallel_degree", "2", "--gamma.diagnostics.enable", "false") == (
         "parallelism.pipeline_parallel_degree = 2: qwen3 supports 1 (no pipeline parallelism); use "
-        "--parallelism.data_parallel_shard_degree 2 --parallelism.pipeline_parallel_degree 1 (shard 2)")
+        "--parallelism.data_parallel_replicate_degree 2 --parallelism.pipeline_parallel_degree 1 (replicate 2)")
 
 
 def materialised(spec, args):

@@ -12,6 +12,7 @@ a one-line error; nothing is approximated.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -23,11 +24,18 @@ import torch
 from gamma_titan.convert.dcp_io import is_checkpoint, load_model_state, save_model_state
 from gamma_titan.convert.hf_folder import TOKENIZER_FILES, family_adapter, family_of_config, write_hf_files
 from gamma_titan.convert.model_record import model_record, read_model_record, write_model_record
+from gamma_titan.data.cache import atomic_dir
+from gamma_titan.data.tokenizer import TOKENIZER_HINT
 from gamma_titan.errors import ConfigError
+from gamma_titan.file_reads import load_tokenizer, read_json
 from gamma_titan.files import HF_INDEX_FILE, TOKENIZER_FILE
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SHARD_BYTES = 5 * 2**30  # per safetensors file, as transformers' save_pretrained does
+
+
+#: What to do about a damaged file of a Hugging Face folder.
+HF_FOLDER_HINT = "the Hugging Face folder's own file: download or convert the folder again"
 
 
 def _check_out(out: Path, overwrite: bool, key: str) -> None:
@@ -90,6 +98,7 @@ def to_hf(checkpoint: str | Path, out: str | Path, *, dtype: str = "fp32", overw
     if not (tokenizer_dir / TOKENIZER_FILE).is_file():
         raise ConfigError(f"--tokenizer: {tokenizer_dir} has no tokenizer.json (model.json names the run's "
                           "tokenizer; pass --tokenizer DIR if it moved)")
+    load_tokenizer(tokenizer_dir / TOKENIZER_FILE, TOKENIZER_HINT)  # copied into the folder: a whole one
     _check_out(out, overwrite, "OUT_DIR")
 
     state = load_model_state(checkpoint, progress=progress)
@@ -98,12 +107,20 @@ def to_hf(checkpoint: str | Path, out: str | Path, *, dtype: str = "fp32", overw
         raise ConfigError(f"CHECKPOINT_DIR: {checkpoint} does not hold the {name} of its model.json "
                           "(tensor names or shapes differ)")
     hf_state = {k: v.to(DTYPES[dtype]) for k, v in adapter.to_hf(state).items()}
-    if out.exists() and overwrite:
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    _write_safetensors(hf_state, out, progress)
-    write_hf_files(out, name, adapter, tokenizer_dir, DTYPES[dtype])
+    with written_whole(out, overwrite) as folder:
+        _write_safetensors(hf_state, folder, progress)
+        write_hf_files(folder, name, adapter, tokenizer_dir, DTYPES[dtype])
     return out
+
+
+@contextlib.contextmanager
+def written_whole(out: Path, overwrite: bool):
+    """A folder to write `out` in, renamed into place once complete: an interrupted or failed
+    conversion leaves no partial folder to block its retry, and with `overwrite` the old
+    folder stays until the new one is whole."""
+    with atomic_dir(out, replace=overwrite) as folder:
+        folder.chmod(0o777 & ~_umask())
+        yield folder
 
 
 def _expected_shapes(name: str, args) -> dict[str, tuple[int, ...]]:
@@ -118,7 +135,7 @@ def _read_hf_state(folder: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     if (folder / HF_INDEX_FILE).is_file():
-        files = sorted(set(json.loads((folder / HF_INDEX_FILE).read_text())["weight_map"].values()))
+        files = sorted(set(read_json(folder / HF_INDEX_FILE, HF_FOLDER_HINT, keys=("weight_map",))["weight_map"].values()))
     else:
         files = [p.name for p in sorted(folder.glob("*.safetensors"))]
     if not files:
@@ -134,7 +151,9 @@ def from_hf(hf_dir: str | Path, checkpoint: str | Path, *, overwrite: bool = Fal
     config_file = hf_dir / "config.json"
     if not config_file.is_file():
         raise ConfigError(f"HF_DIR: {hf_dir} has no config.json")
-    cfg = json.loads(config_file.read_text())
+    cfg = read_json(config_file, HF_FOLDER_HINT)
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{config_file}: holds no JSON object; {HF_FOLDER_HINT}")
     name, adapter_cls = family_of_config(cfg)
     args = adapter_cls.args_from_hf_config(cfg)
     _check_out(checkpoint, overwrite, "CHECKPOINT_DIR")
@@ -142,16 +161,14 @@ def from_hf(hf_dir: str | Path, checkpoint: str | Path, *, overwrite: bool = Fal
     expected = _expected_shapes(name, args)
     if {k: tuple(v.shape) for k, v in state.items()} != expected:
         raise ConfigError(f"HF_DIR: the weights in {hf_dir} do not match its config.json")
-    if checkpoint.exists() and overwrite:
-        shutil.rmtree(checkpoint)
-    checkpoint.mkdir(parents=True)
-    tokenizer_dir = None
-    if (hf_dir / TOKENIZER_FILE).is_file():
-        tokenizer_dir = checkpoint / "tokenizer"
-        tokenizer_dir.mkdir()
-        for file in TOKENIZER_FILES:
-            if (hf_dir / file).is_file():
-                shutil.copy(hf_dir / file, tokenizer_dir / file)
-    save_model_state(state, checkpoint)
-    write_model_record(checkpoint, model_record(name, "from-hf", args, tokenizer_dir))
+    with written_whole(checkpoint, overwrite) as folder:
+        tokenizer_dir = None
+        if (hf_dir / TOKENIZER_FILE).is_file():
+            (folder / "tokenizer").mkdir()
+            for file in TOKENIZER_FILES:
+                if (hf_dir / file).is_file():
+                    shutil.copy(hf_dir / file, folder / "tokenizer" / file)
+            tokenizer_dir = checkpoint / "tokenizer"  # where it will be: the record names it
+        save_model_state(state, folder)
+        write_model_record(folder, model_record(name, "from-hf", args, tokenizer_dir))
     return checkpoint

@@ -18,7 +18,12 @@ from typing import Any
 
 from gamma_titan.data.cache import write_json_atomic
 from gamma_titan.errors import ConfigError
+from gamma_titan.file_reads import damaged, read_json
 from gamma_titan.files import MODEL_FILE
+
+#: What to do about a damaged model.json.
+MODEL_RECORD_HINT = ("the checkpoint folder's record of its model: copy it from the run that wrote the checkpoint "
+                     "(checkpoint/model.json)")
 
 FORMAT = "gamma-titan-model"
 
@@ -75,6 +80,11 @@ def read_model_record(checkpoint: Path, key: str = "CHECKPOINT_DIR") -> tuple[st
     if path is None:
         raise ConfigError(f"{key}: no {MODEL_FILE} in {checkpoint} or {checkpoint.parent}; checkpoints "
                           "written by `gamma-titan train` have one next to them")
-    record = json.loads(path.read_text(encoding="utf-8"))
-    name, args = args_from_record(record)
+    record = read_json(path, MODEL_RECORD_HINT, keys=("format", "model", "flavor", "args"))
+    try:
+        name, args = args_from_record(record)
+    except ConfigError as e:
+        raise damaged(path, str(e).removeprefix(f"{MODEL_FILE}: "), MODEL_RECORD_HINT) from None
+    except (KeyError, TypeError, ValueError, AttributeError, StopIteration) as e:
+        raise damaged(path, f"holds args this model cannot take ({type(e).__name__}: {e})", MODEL_RECORD_HINT) from None
     return name, args, record

@@ -2,8 +2,9 @@
 
 Modules (import the one you need; this package imports nothing on its own):
   names           -- the TOML's dataset names and `on_exhausted` choices (a leaf: no imports)
-  cache           -- cache folder, cross-process file lock, atomic folder builds
-  text_sources    -- parse and open a text source (file, folder, save_to_disk folder, hub id)
+  cache           -- cache folder, cross-process file lock, atomic folder builds, `gamma-titan cache`
+  text_sources    -- parse and open a text source (file, folder, save_to_disk folder, hub id), streamed
+  mixture_table   -- a `{ name = weight }` table: shard mixtures and the tokenizer's mix
   clean_text      -- text that is not clean: refused in one line, or replaced / skipped and counted
   builtin_corpus  -- English corpus generated from CPython's own documentation
   tokenizer       -- train / cache / resolve byte-level BPE tokenizers

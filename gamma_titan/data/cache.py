@@ -27,6 +27,8 @@ from typing import Callable, Iterator
 
 from filelock import FileLock, Timeout
 
+from gamma_titan.errors import ConfigError
+
 logger = logging.getLogger(__name__)
 
 CACHE_ENV = "GAMMA_TITAN_CACHE"
@@ -173,3 +175,54 @@ def _abandoned(owner: str, folder: Path) -> bool:
         return time.time() - folder.stat().st_mtime > STALE_BUILD_SECONDS
     except OSError:
         return False
+
+
+# --------------------------------------------------------------------------- gamma-titan cache
+
+#: What each top-level folder of the cache holds (`gamma-titan cache`).
+CACHE_KINDS = {
+    "corpus": "the built-in corpus's text",
+    "tokenizer": "the built-in tokenizers, one per vocabulary size",
+    "shards": "the built-in corpus pretokenized, one folder per (source, tokenizer)",
+    "hf-datasets": "Arrow copies of local text that versions before 2026-12 converted; nothing reads them now",
+}
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def cache_entries() -> list[tuple[str, int]]:
+    """(entry, bytes) of every asset in the cache: `kind/name` for the built assets, the
+    whole folder for the leftover Arrow copies; lock files (empty) left out."""
+    root, out = cache_dir(), []
+    for kind in CACHE_KINDS:
+        folder = root / kind
+        if kind == "hf-datasets":
+            if folder.is_dir():
+                out.append((kind, folder_bytes(folder)))
+            continue
+        for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
+            if entry.is_dir():
+                out.append((f"{kind}/{entry.name}", folder_bytes(entry)))
+    return out
+
+
+def clear_cache(names: list[str]) -> list[tuple[str, int]]:
+    """Remove the named entries (`kind/name`, or a kind: all of its entries; none named: all),
+    each under its build lock, so a process building it finishes first. An unknown name is
+    refused in one line, before anything is removed."""
+    entries = dict(cache_entries())
+    chosen = list(entries) if not names else []
+    for name in names:
+        match = [e for e in entries if e == name.rstrip("/") or e.startswith(name.rstrip("/") + "/")]
+        if not match:
+            raise ConfigError(f"cache clear {name}: no such entry in {cache_dir()}; "
+                              f"`gamma-titan cache` lists them ({', '.join(CACHE_KINDS)})")
+        chosen += [e for e in match if e not in chosen]
+    root = cache_dir()
+    for entry in chosen:
+        path = root / entry
+        with file_lock(path.parent / f"{path.name}.lock") if "/" in entry else contextlib.nullcontext():
+            shutil.rmtree(path, ignore_errors=True)
+    return [(entry, entries[entry]) for entry in chosen]

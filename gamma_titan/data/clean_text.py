@@ -199,20 +199,35 @@ def _parquet_records(path: str) -> Iterator[Record]:
 READERS = {"text": _text_records, "json": _json_records, "parquet": _parquet_records}
 
 
-def scan_files(files: tuple[str, ...] | list[str], builder: str) -> Iterator[Record]:
-    """Every record of `files` (read by the `builder` that strict mode uses), in order."""
+#: File suffix -> the packaged `datasets` builder whose record boundaries its reader keeps.
+FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
+
+
+def scan_files(files: tuple[str, ...] | list[str]) -> Iterator[Record]:
+    """Every record of `files`, in order, each file read as its suffix says (a folder may
+    mix .jsonl, .txt and .parquet files)."""
     for path in files:
-        yield from READERS[builder](path)
+        yield from READERS[FILE_BUILDERS[Path(path).suffix.lower()]](path)
 
 
-def first_problem(files: tuple[str, ...] | list[str], builder: str) -> Record | None:
+def first_problem(files: tuple[str, ...] | list[str]) -> Record | None:
     """The first record strict mode refuses: no usable text, or undecodable bytes."""
-    return next((r for r in scan_files(files, builder) if r.problem is not None or r.bad_bytes), None)
+    return next((r for r in scan_files(files) if r.problem is not None or r.bad_bytes), None)
 
 
-def clean_texts(files: tuple[str, ...] | list[str], builder: str, errors: TextErrors) -> Iterator[str]:
+def strict_texts(files: tuple[str, ...] | list[str]) -> Iterator[str]:
+    """The texts of `files` as strict mode reads them (empty ones included, as the packaged
+    builders give them); the first record it refuses raises a one-line ConfigError."""
+    for record in scan_files(files):
+        if record.problem is not None or record.bad_bytes:
+            raise ConfigError(f"{record.describe()}; fix it, or pretokenize it with `gamma-titan pretokenize "
+                              "--errors replace|skip` and train on the shards")
+        yield record.text
+
+
+def clean_texts(files: tuple[str, ...] | list[str], errors: TextErrors) -> Iterator[str]:
     """The texts of `files` under `errors.policy` ("replace" or "skip"), counting in `errors`."""
-    for record in scan_files(files, builder):
+    for record in scan_files(files):
         if record.problem is not None:
             errors.count_skip(_reason(record.problem))
             continue

@@ -31,6 +31,7 @@ import math
 import multiprocessing
 import os
 import shutil
+import signal
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -44,11 +45,14 @@ from gamma_titan.data.clean_text import TextErrors, check_policy, clean_texts
 from gamma_titan.data.shards import FORMAT, FORMAT_VERSION, META_FILE, SPLITS, TokenizerInfo, token_dtype, tokenizer_info
 from gamma_titan.data.text_sources import TEXT_FIELD, load_source, parse_source
 from gamma_titan.errors import ConfigError
+from gamma_titan.file_reads import read_json
 from gamma_titan.files import TOKENIZER_FILE
 
 PROGRESS_DIR = ".progress"
 PLAN_FILE = "plan.json"
 DEFAULT_DOCS_PER_SHARD = 20_000
+#: What to do about a damaged plan.json of an --out folder.
+PLAN_HINT = "rerun with --restart to write the folder again"
 
 # The two inputs: documents of --input go to train (or, by hash, to validation); documents
 # of --val-input all go to validation. The tag prefixes their shard names.
@@ -113,7 +117,7 @@ def _texts(ds, docs_per_shard: int) -> Iterator[str]:
     """The texts of an opened input, in order (a fresh pass; for a cleaned stream, one that
     does not count into the run's error counts)."""
     if isinstance(ds, _CleanStream):
-        ds = _CleanStream(ds.files, ds.builder, TextErrors(ds.errors.policy))
+        ds = _CleanStream(ds.files, TextErrors(ds.errors.policy))
     for batch in ds.iter(batch_size=docs_per_shard):
         yield from (t for t in batch[TEXT_FIELD] if isinstance(t, str))
 
@@ -125,6 +129,8 @@ _worker: dict[str, Any] = {}
 
 def _init_worker(tokenizer_file: str, info: TokenizerInfo, out: str, val_fraction: float) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    if multiprocessing.parent_process() is not None:  # a pool worker: Ctrl-C is the parent's to handle
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     from tokenizers import Tokenizer
 
     _worker.update(tokenizer=Tokenizer.from_file(tokenizer_file), info=info, out=Path(out),
@@ -186,7 +192,7 @@ def _check_out(out: Path, plan: dict[str, Any], restart: bool) -> bool:
     with `restart`. Returns whether its shards are to be removed (restart)."""
     plan_file = out / PROGRESS_DIR / PLAN_FILE
     if plan_file.is_file():
-        previous = {"errors": "strict", **json.loads(plan_file.read_text(encoding="utf-8"))}  # before --errors
+        previous = {"errors": "strict", **read_json(plan_file, PLAN_HINT, keys=())}  # before --errors
         changed = sorted(k for k in plan.keys() | previous.keys() if plan.get(k) != previous.get(k))
         if changed and _holds_units(out):
             if restart:
@@ -218,12 +224,12 @@ class _CleanStream:
     """A local source read by clean_text under a replace/skip policy, shaped like a streamed
     `datasets` dataset (`iter(batch_size)`); every pass counts into `errors` afresh."""
 
-    def __init__(self, files: tuple[str, ...], builder: str, errors: TextErrors):
-        self.files, self.builder, self.errors = files, builder, errors
+    def __init__(self, files: tuple[str, ...], errors: TextErrors):
+        self.files, self.errors = files, errors
 
     def iter(self, batch_size: int) -> Iterator[dict[str, list[str]]]:
         batch: list[str] = []
-        for text in clean_texts(self.files, self.builder, self.errors):
+        for text in clean_texts(self.files, self.errors):
             batch.append(text)
             if len(batch) == batch_size:
                 yield {TEXT_FIELD: batch}
@@ -243,7 +249,7 @@ def _open_input(source_value: str, key: str, docs_per_shard: int, errors: TextEr
             raise ConfigError(f"{key}: --errors {errors.policy} reads local .txt/.jsonl/.json/.parquet files; "
                               f"'{source_value}' is a {'hub' if source.kind == 'hub' else 'save_to_disk'} source, "
                               "read strictly (leave --errors out)")
-        return _CleanStream(source.files, source.builder, errors), None
+        return _CleanStream(source.files, errors), None
     ds = load_source(source, source_value, key)
     return ds, (-(-len(ds) // docs_per_shard) if isinstance(ds, Dataset) else None)
 
@@ -411,7 +417,11 @@ def _load_records(out: Path, dtype: np.dtype) -> dict[tuple[str, int], dict[str,
     for path in sorted((out / PROGRESS_DIR).glob("*.json")):
         if path.name == PLAN_FILE:
             continue
-        record = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            record = read_json(path, "", keys=("tag", "unit", "splits"))
+        except ConfigError:  # a record cut short (a crash while it was written): its unit is redone
+            path.unlink()
+            continue
         if _unit_is_intact(out, record, dtype):
             records[(record["tag"], record["unit"])] = record
         else:

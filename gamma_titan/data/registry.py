@@ -71,7 +71,9 @@ def check_hf_source(path: str, key: str) -> None:
 
 
 def _load_hf(path: str) -> Any:
-    return load_source(parse_source(path), path)
+    """TorchTitan's loader, in every rank: pre-flight (check_hf_source) has read local files
+    through; a record that went bad since raises its one line as the stream reaches it."""
+    return load_source(parse_source(path), path, checked=True)
 
 
 _OUR_DATASETS = {

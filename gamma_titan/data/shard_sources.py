@@ -20,20 +20,17 @@ with the same mixture, in order, one pass (or `validation.steps` batches) each t
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gamma_titan.data.builtin_shards import ensure_builtin_shards
+from gamma_titan.data.mixture_table import MIXTURE_FILE_SUFFIXES, mixture_weights, read_mixture_file
 from gamma_titan.data.names import BUILTIN, BUILTIN_DOCS, BUILTIN_SOURCES, BUILTIN_VALIDATION, HF, MEMMAP
 from gamma_titan.data.sampling import Mixture, Sequences
 from gamma_titan.data.shards import META_FILE, TokenShards, TokenizerInfo, tokenizer_info
 from gamma_titan.data.tokenizer import HF_ASSETS_KEY, resolve_tokenizer_path
 from gamma_titan.errors import ConfigError
-
-MIXTURE_FILE_SUFFIXES = (".toml", ".json")
 
 
 @dataclass(frozen=True)
@@ -49,37 +46,16 @@ class ShardSource:
 
 
 def _mixture_sources(base: Path, mixture: dict[str, Any], key: str) -> list[ShardSource]:
-    if not isinstance(mixture, dict) or not mixture:
-        raise ConfigError(f"{key}: must be a table of folder = weight, e.g. {{ web = 0.7, code = 0.3 }}")
     sources = []
-    for name, weight in mixture.items():
-        if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not math.isfinite(weight) or weight < 0:
-            raise ConfigError(f"{key}.{name} = {weight!r}: a weight must be a number >= 0")
+    for name, weight in mixture_weights(mixture, key).items():
         folder = (base / name).expanduser()
         if not folder.is_dir():
             raise ConfigError(f"{key}.{name}: folder {folder} does not exist")
         if not (folder / META_FILE).is_file():
             raise ConfigError(f"{key}.{name}: {folder} is not a shard folder (no {META_FILE}); "
                               "write one with `gamma-titan pretokenize`")
-        sources.append(ShardSource(Path(name).name, folder, float(weight)))
-    if not sum(s.weight for s in sources) > 0:
-        raise ConfigError(f"{key}: the weights sum to 0; they must sum to a positive number")
+        sources.append(ShardSource(Path(name).name, folder, weight))
     return sources
-
-
-def _read_mixture_file(path: Path, key: str) -> dict[str, Any]:
-    try:
-        if path.suffix == ".json":
-            data = json.loads(path.read_text(encoding="utf-8"))
-        else:
-            import tomllib
-
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError and TOMLDecodeError are ValueErrors
-        raise ConfigError(f"{key}: mixture file {path} does not parse ({e})") from None
-    if isinstance(data, dict) and isinstance(data.get("mixture"), dict) and len(data) == 1:
-        data = data["mixture"]
-    return data
 
 
 def resolve_sources(path: str | None, mixture: dict[str, float], key: str) -> list[ShardSource]:
@@ -95,7 +71,7 @@ def resolve_sources(path: str | None, mixture: dict[str, float], key: str) -> li
             raise ConfigError(f"{key}: {path} is a file but not a mixture file ({', '.join(MIXTURE_FILE_SUFFIXES)})")
         if mixture:
             raise ConfigError(f"gamma.data.mixture: set, but {key} is a mixture file too; keep one of them")
-        return _mixture_sources(base.parent, _read_mixture_file(base, key), f"{key} ({base.name})")
+        return _mixture_sources(base.parent, read_mixture_file(base, key), f"{key} ({base.name})")
     if (base / META_FILE).is_file():
         if mixture:
             raise ConfigError(f"gamma.data.mixture: set, but {key} = {path} is a single shard folder; "

@@ -31,9 +31,13 @@ from typing import Any
 
 import numpy as np
 
-from gamma_titan.data.tokenizer import HF_ASSETS_KEY, tokenizer_vocab_size
+from gamma_titan.data.tokenizer import HF_ASSETS_KEY, TOKENIZER_HINT, tokenizer_vocab_size
 from gamma_titan.errors import ConfigError
+from gamma_titan.file_reads import damaged, load_npy, load_tokenizer, read_json
 from gamma_titan.files import TOKENIZER_FILE
+
+#: What to do about a damaged file of a shard folder.
+SHARD_HINT = "run `gamma-titan pretokenize` again to redo the shards (--restart)"
 
 META_FILE = "meta.json"
 FORMAT = "gamma-titan-shards"
@@ -74,10 +78,12 @@ def _tokenizer_info(folder: Path, stamps: tuple) -> TokenizerInfo:
     from tokenizers import Tokenizer
 
     spec = folder / TOKENIZER_FILE
-    canonical = json.dumps(json.loads(spec.read_text(encoding="utf-8")), sort_keys=True)
-    tokenizer = Tokenizer.from_file(str(spec))
+    canonical = json.dumps(read_json(spec, TOKENIZER_HINT), sort_keys=True)
+    tokenizer = load_tokenizer(spec, TOKENIZER_HINT)
     config_file = folder / "tokenizer_config.json"
-    config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+    config = read_json(config_file, TOKENIZER_HINT) if config_file.is_file() else {}
+    if not isinstance(config, dict):
+        raise damaged(config_file, "holds no JSON object", TOKENIZER_HINT)
     ids = {}
     for role in ("bos", "eos"):
         token = config.get(f"{role}_token")
@@ -107,11 +113,12 @@ def read_meta(folder: str | Path, key: str) -> dict[str, Any]:
         raise ConfigError(f"{key}: {folder} is not a shard folder (no {META_FILE}); "
                           "write one with `gamma-titan pretokenize`")
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{key}: {path} is not valid JSON ({e})") from None
-    if meta.get("format") != FORMAT or meta.get("version") != FORMAT_VERSION:
-        raise ConfigError(f"{key}: {path} is not a {FORMAT} v{FORMAT_VERSION} file")
+        meta = read_json(path, SHARD_HINT, keys=("format", "version"))
+        if meta["format"] != FORMAT or meta["version"] != FORMAT_VERSION:
+            raise damaged(path, f"is not a {FORMAT} v{FORMAT_VERSION} file", SHARD_HINT)
+        read_json(path, SHARD_HINT, keys=("tokenizer", "dtype", "splits"))
+    except ConfigError as e:
+        raise ConfigError(f"{key}: {e}") from None
     return meta
 
 
@@ -165,16 +172,16 @@ class TokenShards:
                               "(truncated or corrupt); run `gamma-titan pretokenize` again to redo it")
         index = path.with_suffix(".idx.npy")
         try:
-            offsets = np.load(index, mmap_mode="r")
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"{key}: document index {index} is unreadable ({e}); "
-                              "run `gamma-titan pretokenize` again to redo it") from None
+            offsets = load_npy(index, SHARD_HINT, mmap=True)
+        except ConfigError as e:
+            raise ConfigError(f"{key}: {e}") from None
         # A plain ndarray view of the mapping: np.memmap's subclass hooks cost more than the read.
         tokens_ = np.memmap(path, dtype=self.dtype, mode="r").view(np.ndarray)
         ok = (offsets.ndim == 1 and len(offsets) >= 2 and offsets[0] == 0 and offsets[-1] == tokens
-              and tokens_[0] == self.bos_id and tokens_[-1] == self.eos_id)
+              and tokens_[0] == self.bos_id and tokens_[-1] == self.eos_id
+              and bool((np.diff(offsets) >= 2).all()))  # every document holds at least BOS and EOS
         if not ok:
-            raise ConfigError(f"{key}: shard {path} and its index {index.name} do not agree "
+            raise ConfigError(f"{key}: shard {path} and its index {index} do not agree "
                               "(corrupt); run `gamma-titan pretokenize` again to redo it")
         return tokens_
 

@@ -3,7 +3,8 @@
 One grammar serves the "hf" dataset's `dataset_path`, `gamma-titan pretokenize --input` and
 `gamma-titan tokenizer train --input`. A source is one of
   * a local .jsonl / .json / .parquet / .txt file,
-  * a local folder of such files (searched recursively, one kind only),
+  * a local folder of such files (searched recursively; kinds may mix, each file is read
+    as its suffix says),
   * a local folder written by `Dataset.save_to_disk` (`folder:split` picks a split of a
     saved DatasetDict),
   * a hub dataset id `owner/name`, `owner/name/config`, each optionally followed by
@@ -13,8 +14,10 @@ blank-line-separated paragraph.
 
 `parse_source` decides which one a string is without loading anything (one-line errors
 naming the config key); `load_source` opens it. Local data never touches the network, with
-or without HF_DATASETS_OFFLINE=1: files are read with the packaged json/parquet/text
-builders (never a hub lookup) or `load_from_disk`.
+or without HF_DATASETS_OFFLINE=1, and is read where it is: files are streamed by
+clean_text.py's readers (the packaged json/parquet/text builders' records, nothing
+converted, nothing copied into a cache), a save_to_disk folder memory-mapped by
+`load_from_disk`.
 """
 
 from __future__ import annotations
@@ -25,14 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gamma_titan.data.cache import cache_dir
+from gamma_titan.data.clean_text import FILE_BUILDERS
 from gamma_titan.data.names import HF
 from gamma_titan.errors import ConfigError
 
 TEXT_FIELD = "text"
-
-# File suffix -> packaged `datasets` builder that reads it.
-FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
 
 _HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:/(?P<config>[\w.-]+))?")
 _SPLIT = re.compile(r"[A-Za-z0-9][\w.-]*")
@@ -49,8 +49,7 @@ class TextSource:
 
     kind: str  # "files" | "saved" | "hub"
     location: str  # local path, or hub repo id "owner/name"
-    builder: str | None = None  # packaged builder for kind "files"
-    files: tuple[str, ...] = ()  # data files for kind "files"
+    files: tuple[str, ...] = ()  # data files for kind "files", each read as its suffix says
     config: str | None = None  # hub config name
     split: str | None = None  # hub split / saved DatasetDict split
 
@@ -109,7 +108,7 @@ def _local_source(local: Path, split: str | None, value: str, key: str) -> TextS
                 f"{key}: '{value}' has an unsupported file type; "
                 f"allowed: {', '.join(FILE_BUILDERS)}"
             )
-        return _nonempty(TextSource("files", str(local), builder, (str(local),)), value, key)
+        return _nonempty(TextSource("files", str(local), (str(local),)), value, key)
 
     files = sorted(
         p
@@ -118,18 +117,12 @@ def _local_source(local: Path, split: str | None, value: str, key: str) -> TextS
         and p.suffix.lower() in FILE_BUILDERS
         and not any(part.startswith(".") for part in p.relative_to(local).parts)
     )
-    builders = {FILE_BUILDERS[p.suffix.lower()] for p in files}
     if not files:
         raise ConfigError(
             f"{key}: folder '{value}' has no {'/'.join(FILE_BUILDERS)} files "
             "and is not a save_to_disk folder"
         )
-    if len(builders) > 1:
-        raise ConfigError(
-            f"{key}: folder '{value}' mixes file types ({', '.join(sorted(builders))}); "
-            "put one kind of file in a folder"
-        )
-    return _nonempty(TextSource("files", str(local), builders.pop(), tuple(str(p) for p in files)), value, key)
+    return _nonempty(TextSource("files", str(local), tuple(str(p) for p in files)), value, key)
 
 
 def _nonempty(source: TextSource, value: str, key: str) -> TextSource:
@@ -138,34 +131,24 @@ def _nonempty(source: TextSource, value: str, key: str) -> TextSource:
     return source
 
 
-def _arrow_cache_dir() -> str | None:
-    """Where `datasets` converts local files to arrow: our cache, unless the user chose one."""
-    if os.environ.get("HF_DATASETS_CACHE"):
-        return None
-    return str(cache_dir() / "hf-datasets")
-
-
-def load_source(source: TextSource, value: str, key: str = "dataset_path") -> Any:
-    """Open a parsed source as a `datasets.Dataset` (local) or `IterableDataset` (hub). Local
-    text that is not clean (clean_text.py: undecodable bytes, a null or non-string text, a
-    line that is not JSON) is refused in one line naming `key`, the file and the line."""
+def load_source(source: TextSource, value: str, key: str = "dataset_path", checked: bool = False) -> Any:
+    """Open a parsed source as a `datasets.IterableDataset` (local files, a hub id) or
+    `Dataset` (a save_to_disk folder). Local text that is not clean (clean_text.py:
+    undecodable bytes, a null or non-string text, a line that is not JSON) is refused in one
+    line naming `key`, the file and the line: files are read through once here unless
+    `checked` (pre-flight read them), and a record refused while streaming raises the same
+    line."""
     # Imported here: `datasets` takes seconds to import, and parsing a source needs none of it.
-    from datasets import DatasetDict, load_dataset, load_from_disk
+    from datasets import DatasetDict, Features, IterableDataset, Value, load_dataset, load_from_disk
 
     if source.kind == "files":
-        # One record per paragraph for plain text: one per line would split sentences of
-        # wrapped prose, one per file could be gigabytes.
-        options = {"sample_by": "paragraph"} if source.builder == "text" else {}
-        try:
-            ds = load_dataset(
-                source.builder,
-                data_files=list(source.files),
-                split="train",  # packaged builders put all data_files in "train"
-                cache_dir=_arrow_cache_dir(),
-                **options,
-            )
-        except Exception as err:  # noqa: BLE001  (datasets wraps what went wrong: find it ourselves)
-            raise _unclean(source, value, key, err) from None
+        if not checked:
+            problem = _unclean(source, value, key)
+            if problem is not None:
+                raise problem
+        # One shard per file (TorchTitan splits a stream by shards across data-parallel ranks).
+        ds = IterableDataset.from_generator(_file_records, gen_kwargs={"files": list(source.files)},
+                                            features=Features({TEXT_FIELD: Value("string")}))
     elif source.kind == "saved":
         ds = load_from_disk(source.location)
         if isinstance(ds, DatasetDict):
@@ -180,25 +163,30 @@ def load_source(source: TextSource, value: str, key: str = "dataset_path") -> An
         # Streaming: nothing is downloaded up front, and TorchTitan checkpoints the stream.
         ds = load_dataset(source.location, name=source.config, split=source.split, streaming=True)
     ds = _keep_text_column(ds, value)
-    if source.kind != "hub":
+    if source.kind == "saved":
         _check_text_column(ds, source, value, key)
     return ds
 
 
-def _unclean(source: TextSource, value: str, key: str, err: Exception | None = None) -> ConfigError:
-    """The one-line error for a local source strict mode refuses: the first bad record, or
-    (none found) what `datasets` said."""
+def _file_records(files: list[str]):
+    """The records of local files, streamed (IterableDataset.from_generator's shards)."""
+    from gamma_titan.data.clean_text import strict_texts
+
+    for text in strict_texts(files):
+        yield {TEXT_FIELD: text}
+
+
+def _unclean(source: TextSource, value: str, key: str) -> ConfigError | None:
+    """The one-line error for local files strict mode refuses (their first bad record), or
+    None: every record is clean."""
     from gamma_titan.data.clean_text import first_problem
 
-    if source.kind == "files":
-        problem = first_problem(source.files, source.builder)
-        if problem is not None:
-            hint = ("or pass --errors replace|skip" if key.startswith("--") else
-                    "or pretokenize it with `gamma-titan pretokenize --errors replace|skip` and train on the shards")
-            return ConfigError(f"{key}: {problem.describe()}; fix it, {hint}")
-    cause = err.__cause__ or err.__context__ or err if err is not None else None
-    detail = f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}" if cause else "unreadable"
-    return ConfigError(f"{key}: '{value}': {detail}")
+    problem = first_problem(source.files)
+    if problem is None:
+        return None
+    hint = ("or pass --errors replace|skip" if key.startswith("--") else
+            "or pretokenize it with `gamma-titan pretokenize --errors replace|skip` and train on the shards")
+    return ConfigError(f"{key}: {problem.describe()}; fix it, {hint}")
 
 
 def _check_text_column(ds: Any, source: TextSource, value: str, key: str) -> None:
@@ -220,8 +208,6 @@ def _check_text_column(ds: Any, source: TextSource, value: str, key: str) -> Non
             bad = "a record's text is not valid UTF-8"
     if bad is None:
         return
-    if source.kind == "files":
-        raise _unclean(source, value, key)
     raise ConfigError(f"{key}: '{value}': {bad}; fix it (`datasets` map/filter) and save it again")
 
 

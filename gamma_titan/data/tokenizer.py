@@ -18,7 +18,7 @@ import logging
 import re
 import time
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -32,6 +32,7 @@ from gamma_titan.data.cache import build_once, cache_dir
 from gamma_titan.data.clean_text import TextErrors, clean_texts
 from gamma_titan.data.text_sources import TEXT_FIELD, load_source, parse_source
 from gamma_titan.errors import ConfigError
+from gamma_titan.file_reads import damaged, load_tokenizer, read_json
 from gamma_titan.files import TOKENIZER_FILE
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ DEFAULT_BUILTIN_VOCAB = 4096
 NO_MAX_LENGTH = int(1e30)
 
 HF_ASSETS_KEY = "model.hf_assets_path"
+#: What to do about a damaged file of a tokenizer folder.
+TOKENIZER_HINT = "train the tokenizer again (`gamma-titan tokenizer train`) or point at another tokenizer folder"
 
 
 def train_bpe_tokenizer(
@@ -145,47 +148,124 @@ def ensure_builtin_tokenizer(vocab_size: int = DEFAULT_BUILTIN_VOCAB, force: boo
     return build_once(cache_dir() / "tokenizer" / name, build, force)
 
 
+#: What a tokenizer trained by `tokenizer train` was trained on (next to tokenizer.json).
+TRAINED_ON_FILE = "trained_on.json"
+
+
 def train_tokenizer_from(source: str, vocab_size: int, out_dir: str | Path, *, force: bool = False,
-                         errors: TextErrors | None = None) -> Path:
-    """`gamma-titan tokenizer train --input SOURCE`: a tokenizer trained on any text source
-    (text_sources.py: local jsonl/json/parquet/txt, save_to_disk folder, hub id). Text that
-    is not clean is refused in one line; with `errors` (replace/skip, local files only) it is
-    cleaned as it is read, counted in `errors`."""
+                         errors: TextErrors | None = None, mixture: str | None = None) -> Path:
+    """`gamma-titan tokenizer train --input SOURCE [--mixture TABLE]`: a tokenizer trained on
+    any text source (text_sources.py: local jsonl/json/parquet/txt files or folders, a
+    save_to_disk folder, a hub id), or on several mixed by weight as shard folders are
+    (`mixture`: `{ web = 0.7, code = 0.3 }` or a mixture file, names relative to the SOURCE
+    folder; a mixture file as SOURCE alone, names relative to it). Text that is not clean is
+    refused in one line; with `errors` (replace/skip, local files only) it is cleaned as it
+    is read, counted in `errors`. `trained_on.json` records each source's documents, bytes
+    and share of the text."""
     if vocab_size < MIN_VOCAB_SIZE:
         raise ConfigError(f"--vocab-size {vocab_size}: must be an integer >= {MIN_VOCAB_SIZE}")
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())) and not force:
         raise ConfigError(f"--out: {out_dir} exists and is not empty; use another folder, "
                           "or --force to replace the tokenizer in it")
-    parsed = parse_source(source, "--input")
+    sources = _mixed_sources(source, mixture)
+    streams = [_source_texts(value, errors) for _, value, _ in sources]  # every one opened (checked) first
+    mix = WeightedTexts(streams, [weight for _, _, weight in sources])
+    try:
+        train_bpe_tokenizer(mix.batches(1000), vocab_size, out_dir)
+    except ValueError as err:
+        raise ConfigError(f"--vocab-size {vocab_size}: too large for {source} ({err}); use a smaller one") from None
+    total = sum(mix.bytes) or 1
+    record = {"vocab_size": vocab_size,
+              "sources": [{"name": name, "input": value, "weight": weight, "documents": docs, "bytes": size,
+                           "share": size / total}
+                          for (name, value, weight), docs, size in zip(sources, mix.documents, mix.bytes)],
+              "ended_by": None if len(sources) == 1 else sources[mix.ended_by][0],
+              "text_errors": errors.as_dict() if errors is not None else None}
+    (out_dir / TRAINED_ON_FILE).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    return out_dir
+
+
+def _mixed_sources(source: str, mixture: str | None) -> list[tuple[str, str, float]]:
+    """(name, source string, weight) of each source the tokenizer reads."""
+    from gamma_titan.data.mixture_table import (MIXTURE_FILE_SUFFIXES, mixture_weights, parse_mixture_option,
+                                                read_mixture_file)
+
+    base = Path(source).expanduser()
+    if base.is_file() and base.suffix in MIXTURE_FILE_SUFFIXES:
+        if mixture is not None:
+            raise ConfigError(f"--mixture: set, but --input {source} is a mixture file too; keep one of them")
+        table, key = read_mixture_file(base, "--input"), f"--input ({base.name})"
+        base = base.parent
+    elif mixture is not None:
+        if not base.is_dir():
+            raise ConfigError(f"--mixture: its names are relative to --input, which must then be a folder "
+                              f"({source} is not one)")
+        table, key = parse_mixture_option(mixture, "--mixture"), "--mixture"
+    else:
+        parse_source(source, "--input")
+        return [(Path(source).name, source, 1.0)]
+    out = []
+    for name, weight in mixture_weights(table, key).items():
+        path = base / name
+        if not path.exists():
+            raise ConfigError(f"{key}.{name}: {path} does not exist")
+        parse_source(str(path), f"{key}.{name}")
+        out.append((name, str(path), weight))
+    return out
+
+
+def _source_texts(value: str, errors: TextErrors | None) -> Iterator[str]:
+    """One source's texts, opened (and, strict, read through for unclean text) now."""
+    parsed = parse_source(value, "--input")
     if errors is not None:
         if parsed.kind != "files":
             raise ConfigError(f"--input: --errors {errors.policy} reads local .txt/.jsonl/.json/.parquet files; "
-                              f"'{source}' is read strictly (leave --errors out)")
+                              f"'{value}' is read strictly (leave --errors out)")
+        return clean_texts(parsed.files, errors)  # read as trained on, not held
+    ds = load_source(parsed, value, "--input")
 
-        def batches() -> Iterable[list[str]]:
-            batch: list[str] = []
-            for text in clean_texts(parsed.files, parsed.builder, errors):  # read as trained on, not held
-                batch.append(text)
-                if len(batch) == 1000:
-                    yield batch
-                    batch = []
-            if batch:
+    def texts() -> Iterator[str]:
+        for batch in ds.iter(batch_size=1000):  # Dataset and IterableDataset alike
+            for text in batch[TEXT_FIELD]:
+                if not isinstance(text, str):  # a streamed hub record
+                    raise ConfigError(f"--input: {value}: a record's '{TEXT_FIELD}' is not a string")
+                yield text
+
+    return texts()
+
+
+class WeightedTexts:
+    """Texts of several sources, each a share of the bytes in proportion to its weight: the
+    next text comes from the source furthest below its share, and the mix ends when the
+    first source runs out (so every share holds to within one document, none repeated)."""
+
+    def __init__(self, streams: list[Iterator[str]], weights: list[float]):
+        self.streams, self.weights = streams, weights
+        self.documents, self.bytes = [0] * len(streams), [0] * len(streams)
+        self.ended_by: int | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        live = [i for i, w in enumerate(self.weights) if w > 0]
+        while True:
+            i = min(live, key=lambda s: self.bytes[s] / self.weights[s])
+            text = next(self.streams[i], None)
+            if text is None:
+                self.ended_by = i
+                return
+            self.documents[i] += 1
+            self.bytes[i] += len(text.encode("utf-8", "surrogatepass"))
+            yield text
+
+    def batches(self, size: int) -> Iterator[list[str]]:
+        batch: list[str] = []
+        for text in self:
+            batch.append(text)
+            if len(batch) == size:
                 yield batch
-    else:
-        ds = load_source(parsed, source, "--input")
-
-        def batches() -> Iterable[list[str]]:
-            for batch in ds.iter(batch_size=1000):  # Dataset and IterableDataset alike
-                texts = batch[TEXT_FIELD]
-                if not all(isinstance(t, str) for t in texts):  # a streamed hub record
-                    raise ConfigError(f"--input: {source}: a record's '{TEXT_FIELD}' is not a string")
-                yield texts
-
-    try:
-        return train_bpe_tokenizer(batches(), vocab_size, out_dir)
-    except ValueError as err:
-        raise ConfigError(f"--vocab-size {vocab_size}: too large for {source} ({err}); use a smaller one") from None
+                batch = []
+        if batch:
+            yield batch
 
 
 def is_tokenizer_dir(path: Path) -> bool:
@@ -237,7 +317,7 @@ def tokenizer_vocab_size(path: str | Path) -> int:
     """
     path = Path(path)
     if (path / TOKENIZER_FILE).is_file():
-        tokenizer = Tokenizer.from_file(str(path / TOKENIZER_FILE))
+        tokenizer = load_tokenizer(path / TOKENIZER_FILE, TOKENIZER_HINT)
     elif (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
         tokenizer = Tokenizer(
             models.BPE.from_file(str(path / "vocab.json"), str(path / "merges.txt"))
@@ -250,7 +330,9 @@ def tokenizer_vocab_size(path: str | Path) -> int:
 
     config_file = path / "tokenizer_config.json"
     if config_file.is_file():
-        config = json.loads(config_file.read_text(encoding="utf-8"))
+        config = read_json(config_file, TOKENIZER_HINT)
+        if not isinstance(config, dict):
+            raise damaged(config_file, "holds no JSON object", TOKENIZER_HINT)
         tokenizer.add_special_tokens(
             [AddedToken(t, special=True) for t in _config_special_tokens(config)]
         )

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from gamma_titan.errors import ConfigError
-from gamma_titan.files import RECIPE_PLAN_FILE, RECIPE_STATUS_FILE
+from gamma_titan.file_reads import read_json
+from gamma_titan.files import RECIPE_PLAN_FILE, RECIPE_RECORD_HINT, RECIPE_STATUS_FILE
 from gamma_titan.recipes.plan import PlannedRun, format_plan
 
 
@@ -43,10 +44,7 @@ def check_out(out: Path, record: dict[str, Any]) -> None:
         raise ConfigError(f"--out {out}: exists and is not a folder")
     existing = out / RECIPE_PLAN_FILE
     if existing.is_file():
-        try:
-            old = json.loads(existing.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ConfigError(f"--out {out}: {RECIPE_PLAN_FILE} is unreadable; choose another --out") from None
+        old = read_json(existing, "choose another --out")
         if not _same_runs(old, json.loads(json.dumps(record)), grows="tune" in record):
             what = f"recipe {old.get('recipe')} at scale {old.get('scale')}" if isinstance(old, dict) else "another plan"
             raise ConfigError(f"--out {out}: holds {what} with other runs (the recipe or its overrides "
@@ -103,7 +101,7 @@ def submit_slurm(planned: Planned, runs: list[PlannedRun], dry_run: bool) -> int
         return 0
     submitted = slurm.submit(scripts, sbatch)
     jobs_file = out_dir / "slurm" / "jobs.json"
-    previous = json.loads(jobs_file.read_text()) if jobs_file.is_file() else {}
+    previous = read_json(jobs_file, RECIPE_RECORD_HINT) if jobs_file.is_file() else {}
     write_json_atomic(jobs_file, {**previous, **submitted})
     print(f"when the jobs are done: gamma-titan report recipe {out_dir}")
     return 1 if any(v.startswith("failed") for v in submitted.values()) else 0
@@ -119,7 +117,7 @@ def train_local(planned: Planned, runs: list[PlannedRun], jobs: int) -> dict[str
     write_json_atomic(out_dir / RECIPE_PLAN_FILE, planned.record)
     status = run_local(runs, out_dir, jobs)
     path = out_dir / RECIPE_STATUS_FILE
-    previous = json.loads(path.read_text()) if path.is_file() else {}
+    previous = read_json(path, RECIPE_RECORD_HINT) if path.is_file() else {}
     write_json_atomic(path, {**previous, **{n: s for n, s in status.items() if s["status"] != "skipped"}})
     return status
 

@@ -18,13 +18,13 @@ Writes RUN_ROOT/report/report.md with PNGs next to it, and returns the markdown'
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from gamma_titan.errors import ConfigError
-from gamma_titan.files import RECIPE_PLAN_FILE, RECIPE_STATUS_FILE
+from gamma_titan.file_reads import read_json
+from gamma_titan.files import RECIPE_PLAN_FILE, RECIPE_RECORD_HINT, RECIPE_STATUS_FILE
 from gamma_titan.reports.claims import CellStats, claims_table, difference, evaluate
 from gamma_titan.reports.run_metrics import final_values, read_metrics, series, sink_by_layer
 from gamma_titan.reports.scaling import effective_size_gain, fit_power_law
@@ -65,8 +65,9 @@ def load_runs(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     plan_path = root / RECIPE_PLAN_FILE
     if not plan_path.is_file():
         raise ConfigError(f"RUN_ROOT {root}: no {RECIPE_PLAN_FILE}; point at the --out folder of `gamma-titan recipe run`")
-    plan = json.loads(plan_path.read_text(encoding="utf-8"))
-    status = json.loads((root / RECIPE_STATUS_FILE).read_text()) if (root / RECIPE_STATUS_FILE).is_file() else {}
+    plan = read_json(plan_path, RECIPE_RECORD_HINT, keys=("runs",))
+    status_path = root / RECIPE_STATUS_FILE
+    status = read_json(status_path, RECIPE_RECORD_HINT) if status_path.is_file() else {}
     runs = []
     for run in plan["runs"]:
         records = read_metrics(root / run["name"])

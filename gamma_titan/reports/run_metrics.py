@@ -26,7 +26,7 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     if not path.is_file():
         return records
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():  # damage: lines skipped
         try:
             record = json.loads(line)
         except json.JSONDecodeError:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import html
 import json
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ import numpy as np
 import torch
 
 from gamma_titan.errors import ConfigError
+from gamma_titan.file_reads import load_tokenizer, read_toml
 from gamma_titan.files import TOKENIZER_FILE
 
 HIST_BINS = 40
@@ -65,7 +65,8 @@ def training_seq_len(checkpoint: Path) -> int | None:
     records = sorted((run_dir / "runs").glob("*/config.toml"))
     if not records:
         return None
-    return tomllib.loads(records[-1].read_text(encoding="utf-8")).get("training", {}).get("seq_len")
+    record = read_toml(records[-1], "a record of the run that wrote the checkpoint: pass --seq-len, or move it aside")
+    return record.get("training", {}).get("seq_len")
 
 
 def read_tokens(data: str, tokenizer_dir: Path, count: int) -> np.ndarray:
@@ -205,8 +206,6 @@ def _check_out(out: Path, overwrite: bool) -> None:
 def write_token_report(small: str | Path, std: str | Path, out: str | Path, *, data: str = "builtin_validation",
                        max_tokens: int = 100_000, text: str | None = None, seq_len: int | None = None,
                        overwrite: bool = False) -> list[Path]:
-    from tokenizers import Tokenizer
-
     out = Path(out)
     _check_out(out, overwrite)
     if max_tokens < 2:
@@ -235,7 +234,9 @@ def write_token_report(small: str | Path, std: str | Path, out: str | Path, *, d
     (out / "tokens.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     written = [out / "tokens.json", *_plots(result, out)]
 
-    tokenizer = Tokenizer.from_file(str(tokenizer_dir / TOKENIZER_FILE))
+    from gamma_titan.data.tokenizer import TOKENIZER_HINT
+
+    tokenizer = load_tokenizer(tokenizer_dir / TOKENIZER_FILE, TOKENIZER_HINT)
     if text:
         ids = np.asarray(tokenizer.encode(text).ids, dtype=np.int64)
         title = "per-token gain on the given text"

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from gamma_titan.errors import ConfigError
+from gamma_titan.file_reads import read_toml
 from gamma_titan.training.train_spec import resolve_model
 from gamma_titan.models.common.parallelize import FLOAT8_LINEAR
 
@@ -320,7 +321,7 @@ def check_resume(config, args, world_size: int) -> None:
     itself reports either problem only after the process group is up, as a raw traceback."""
     import json
 
-    from gamma_titan.convert.model_record import args_from_record, model_record
+    from gamma_titan.convert.model_record import model_record, read_model_record
     from gamma_titan.files import MODEL_FILE, step_folder
     from gamma_titan.training.checkpoint_folders import checkpoint_steps, saved_progress
 
@@ -334,8 +335,7 @@ def check_resume(config, args, world_size: int) -> None:
     if step <= 0 or step not in complete:  # none yet, step-0 (a seed: model only), or TorchTitan's own error
         return
     if (folder / MODEL_FILE).is_file():
-        saved = json.loads((folder / MODEL_FILE).read_text(encoding="utf-8"))
-        saved_name, saved_args = args_from_record(saved)
+        saved_name, saved_args, saved = read_model_record(folder, key="checkpoint.folder")
         if parameter_shapes(saved_name, saved_args) != parameter_shapes(config.model.name, args):
             ours = json.loads(json.dumps(model_record(config.model.name, config.model.flavor, args, None)))
             differ = [f"model_args.{k} = {saved['args'].get(k)!r} there, {v!r} here" for k, v in ours["args"].items()
@@ -452,14 +452,13 @@ def resume_notes(config, world_size: int) -> list[str]:
 
 def previous_steps(dump_folder: Path) -> int | None:
     """training.steps of the newest run record in `dump_folder` (run_record.py), if any."""
-    import tomllib
-
     from gamma_titan.training.run_record import RUNS_FOLDER
 
     records = sorted((dump_folder / RUNS_FOLDER).glob("*/config.toml"))
     if not records:
         return None
-    return tomllib.loads(records[-1].read_text(encoding="utf-8")).get("training", {}).get("steps")
+    record = read_toml(records[-1], "the record of this run's last start: move that runs/ entry aside to go on")
+    return record.get("training", {}).get("steps")
 
 
 def finished_run(config) -> str | None:

@@ -39,6 +39,8 @@ def holder(dump_folder: str | os.PathLike) -> dict | None:
         age = time.time() - path.stat().st_mtime
     except (OSError, ValueError):
         return None
+    if not isinstance(held, dict):  # damaged: no run's record
+        return None
     ours = slurm_start()
     if ours and held.get("slurm_job") == ours["slurm_job"] and held.get("slurm_restart", 0) < ours["slurm_restart"]:
         return None  # this job before its requeue: whatever ran then is over

@@ -187,3 +187,35 @@ def test_concurrent_ensure_builds_once(tmp_path):
     assert sorted(log.read_text().split()) == ["corpus", "tokenizer"]  # each built once
     leftovers = [p.name for p in (tmp_path / "cache").rglob(".*tmp-*")]
     assert leftovers == []
+
+
+def test_the_cache_command_lists_and_clears_what_the_cache_holds(tmp_path, monkeypatch, capsys):
+    """`gamma-titan cache` lists every asset with its size; `cache clear` removes the named
+    ones (an entry, or a kind), under their build locks; an unknown name removes nothing."""
+    from gamma_titan.cli import main as cli_main
+
+    monkeypatch.setenv("GAMMA_TITAN_CACHE", str(tmp_path))
+    sizes = {"shards/docs-abc": 3000, "shards/code-abc": 5000, "tokenizer/bpe512": 700, "hf-datasets": 2048}
+    for entry, size in sizes.items():
+        (tmp_path / entry).mkdir(parents=True)
+        (tmp_path / entry / "data.bin").write_bytes(b"x" * size)
+    (tmp_path / "shards" / "docs-abc.lock").touch()
+
+    def run(*argv) -> tuple[int, str]:
+        with pytest.raises(SystemExit) as done:
+            cli_main(["cache", *argv])
+        out = capsys.readouterr()
+        return done.value.code, out.out + out.err
+
+    code, listing = run()
+    assert code == 0 and f"{sum(sizes.values()) / 2**20:.1f} MiB" in listing
+    assert all(entry in listing for entry in sizes) and "docs-abc.lock" not in listing
+    code, said = run("clear", "nothing-like-it")
+    assert code == 2 and said.startswith("error: cache clear nothing-like-it: no such entry") and said.count("\n") == 1
+    assert all((tmp_path / entry).is_dir() for entry in sizes)
+    code, said = run("clear", "shards", "hf-datasets")
+    assert code == 0 and "removed 3 entries" in said
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_dir()) == ["bpe512", "shards", "tokenizer"]
+    assert (tmp_path / "shards" / "docs-abc.lock").exists()  # a lock stays (another process may hold it)
+    code, said = run("clear")
+    assert code == 0 and not (tmp_path / "tokenizer" / "bpe512").exists()

@@ -4,8 +4,11 @@ leaving nothing behind, or with --errors replace/skip cleaned and counted; and a
 `pretokenize` never blocks its retry."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -120,7 +123,7 @@ def test_replace_and_skip_count_what_they_did(case, policy, docs, skipped, dirty
     assert result.meta["splits"]["train"]["docs"] == docs
     assert result.meta["text_errors"]["docs_skipped"] == skipped
     errors = TextErrors(policy)  # tokenizer train reads the same documents
-    assert len(list(clean_texts([str(path)], parse_source(str(path)).builder, errors))) == docs
+    assert len(list(clean_texts(parse_source(str(path)).files, errors))) == docs
     assert errors.as_dict() == result.meta["text_errors"]
 
 
@@ -134,12 +137,40 @@ def test_a_hub_or_saved_source_is_not_cleaned(tmp_path, builtin_tokenizer):
 
 
 def test_text_paragraphs_are_the_datasets_builders(tmp_path):
-    """The reader replace/skip use splits .txt as `datasets`' text builder does in strict mode."""
+    """Our reader splits .txt as `datasets`' text builder does (sample_by="paragraph"): the
+    records every command streams are the ones that builder would give."""
+    from datasets import load_dataset
+
     path = tmp_path / "t.txt"
     path.write_bytes(b"a b\nc\n\n\nd e\r\n\r\nf\n\n\n\n\ng\ntail\n")
-    ours = [r.text for r in scan_files([str(path)], "text")]
-    assert ours == list(load_source(parse_source(str(path)), str(path))["text"])
-    assert [r.where for r in scan_files([str(path)], "text")] == ["line 1", "line 5", "line 7", "line 12"]
+    ours = [r.text for r in scan_files([str(path)])]
+    theirs = load_dataset("text", data_files=[str(path)], split="train", sample_by="paragraph",
+                          cache_dir=str(tmp_path / "arrow"))["text"]
+    assert ours == list(theirs) == [t for t in load_source(parse_source(str(path)), str(path))["text"]]
+    assert [r.where for r in scan_files([str(path)])] == ["line 1", "line 5", "line 7", "line 12"]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json", ".parquet"])
+def test_json_and_parquet_records_are_the_datasets_builders(suffix, tmp_path):
+    """Our readers give the packaged json / parquet builders' records (text field only, other
+    fields, empty texts and unicode included), in order."""
+    import pandas as pd
+    from datasets import load_dataset
+
+    records = [{"text": "first", "id": 1}, {"text": "", "id": 2}, {"text": "é \u2028 line\nbreak", "id": 3},
+               {"text": "last", "id": 4}]
+    path = tmp_path / f"data{suffix}"
+    if suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    elif suffix == ".json":
+        path.write_text(json.dumps(records))
+    else:
+        pd.DataFrame(records).to_parquet(path)
+    builder = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}[suffix]
+    theirs = load_dataset(builder, data_files=[str(path)], split="train", cache_dir=str(tmp_path / "arrow"))["text"]
+    ours = [r.text for r in scan_files([str(path)])]
+    assert ours == list(theirs) == [r["text"] for r in records]
+    assert [t for t in load_source(parse_source(str(path)), str(path))["text"]] == ours
 
 
 # --- a failed pretokenize never blocks its retry ---------------------------------------------------
@@ -278,3 +309,45 @@ def test_restart_replaces_the_shards_of_other_settings_and_nothing_else(tmp_path
     meta = json.loads((out / "meta.json").read_text())
     assert shard_hashes(meta) == shard_hashes(fresh.meta) and (out / "NOTES.txt").read_text() == "mine"
     assert len(list((out / "train").iterdir())) == 2 * 6
+
+
+def _ctrl_c(argv: list[str], ready, timeout: float = 120.0) -> subprocess.CompletedProcess:
+    """Run `gamma-titan ARGV` in a session of its own, send SIGINT to its whole process group
+    (a terminal's Ctrl-C) once `ready()` holds, and return the finished process."""
+    proc = subprocess.Popen([sys.executable, "-m", "gamma_titan.cli", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while not ready() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "finished before it could be interrupted: " + proc.stderr.read()[-2000:]
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def test_ctrl_c_in_pretokenize_ends_in_one_line_and_the_rerun_goes_on(tmp_path, builtin_tokenizer):
+    """Ctrl-C reaches the parent and its worker processes (one process group): one line, exit
+    130, no traceback; the rerun keeps the finished shards and ends as a clean run does."""
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", docs(6000))
+    out = tmp_path / "out"
+    argv = ["pretokenize", "--input", str(corpus), "--tokenizer", str(builtin_tokenizer), "--out", str(out),
+            "--num-proc", "2", "--docs-per-shard", "50", "--quiet"]
+    stopped = _ctrl_c(argv, lambda: len(list((out / ".progress").glob("0*.json"))) >= 2)
+    assert stopped.returncode == 130, stopped.stderr[-3000:]
+    lines = [line for line in stopped.stderr.splitlines() if line.strip()]
+    assert lines == ["interrupted: pretokenize stopped by Ctrl-C; the finished shards are kept: rerun the same "
+                     "command to go on from them"], stopped.stderr[-3000:]
+    rerun = pretokenize(str(corpus), builtin_tokenizer, out, num_proc=2, docs_per_shard=50, progress=False)
+    clean = pretokenize(str(corpus), builtin_tokenizer, tmp_path / "clean", docs_per_shard=50, progress=False)
+    assert rerun.units_skipped >= 2 and shard_hashes(rerun.meta) == shard_hashes(clean.meta)
+
+
+def test_ctrl_c_in_tokenizer_train_ends_in_one_line_and_leaves_a_retry_open(tmp_path):
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", docs(20000))
+    out = tmp_path / "tok"
+    argv = ["tokenizer", "train", "--input", str(corpus), "--vocab-size", "4096", "--out", str(out)]
+    stopped = _ctrl_c(argv, lambda: out.is_dir())  # training has begun (it makes the folder first)
+    assert stopped.returncode == 130 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
+    assert stopped.stderr.strip().splitlines()[-1] == ("interrupted: tokenizer stopped by Ctrl-C; no tokenizer was "
+                                                        "written: rerun the command")
+    assert not any(out.iterdir())  # an empty folder: the rerun may use it

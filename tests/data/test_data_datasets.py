@@ -90,6 +90,33 @@ def test_hf_folder_of_files(tmp_path, tmp_cache):
     assert _texts("hf", str(folder)) == TEXTS  # files in sorted path order
 
 
+def test_a_folder_may_mix_file_kinds_each_read_as_its_suffix_says(tmp_path, tmp_cache):
+    folder = tmp_path / "in"
+    _write(folder, "jsonl", RECORDS[:4], name="a")
+    _write(folder, "parquet", RECORDS[4:8], name="b")
+    _write(folder / "c", "txt", RECORDS[8:], name="c")
+    assert [t.strip() for t in _texts("hf", str(folder))] == [t.strip() for t in TEXTS]  # a.jsonl, b.parquet, c/c.txt
+
+
+def test_local_sources_are_read_where_they_are(tmp_path, monkeypatch, builtin_tokenizer):
+    """Nothing of a local source lands in a cache: the "hf" dataset, pretokenize and
+    tokenizer train stream the files themselves (datasets leaves one empty lock file)."""
+    from gamma_titan.data.pretokenize import pretokenize
+    from gamma_titan.data.text_sources import load_source, parse_source
+
+    monkeypatch.setenv("GAMMA_TITAN_CACHE", str(tmp_path / "ours"))
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "theirs"))
+    folder = tmp_path / "in"
+    _write(folder, "jsonl", RECORDS[:6], name="a")
+    _write(folder, "parquet", RECORDS[6:], name="b")
+    assert _texts("hf", str(folder)) == TEXTS
+    source = parse_source(str(folder))
+    assert [r["text"] for r in load_source(source, str(folder))] == TEXTS
+    pretokenize(str(folder), builtin_tokenizer, tmp_path / "shards", progress=False)
+    written = [p for root in ("ours", "theirs") for p in (tmp_path / root).rglob("*") if p.is_file()]
+    assert all(p.stat().st_size == 0 and p.suffix == ".lock" for p in written), written
+
+
 def test_hf_save_to_disk_folders(tmp_path, tmp_cache):
     Dataset.from_list(RECORDS).save_to_disk(str(tmp_path / "single"))
     assert _texts("hf", str(tmp_path / "single")) == TEXTS
@@ -105,7 +132,7 @@ def test_hf_save_to_disk_folders(tmp_path, tmp_cache):
 
 def test_hf_missing_text_column(tmp_path, tmp_cache):
     path = _write(tmp_path, "jsonl", [{"body": "x"}])
-    with pytest.raises(ConfigError, match="no 'text' column \\(columns: body\\)"):
+    with pytest.raises(ConfigError, match="data.jsonl: line 1: no 'text' field \\(fields: body\\)"):
         _texts("hf", str(path))
 
 

@@ -13,6 +13,7 @@ from gamma_titan.data.tokenizer import (
     resolve_tokenizer_path,
     tokenizer_vocab_size,
     train_bpe_tokenizer,
+    train_tokenizer_from,
 )
 from gamma_titan.errors import ConfigError
 
@@ -127,3 +128,65 @@ def test_resolve_rejects_non_tokenizer_folders(tmp_path):
     missing = tmp_path / "nope"
     with pytest.raises(ConfigError, match="model.hf_assets_path: .*nope' does not exist"):
         resolve_tokenizer_path(str(missing))
+
+
+def _corpus(root, seed=0):
+    """Two sources: `web` (a .jsonl and a .txt: kinds may mix in a folder) and `code`."""
+    rng = random.Random(seed)
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
+    (root / "web").mkdir(parents=True)
+    (root / "code").mkdir()
+    with open(root / "web" / "a.jsonl", "w") as f:
+        for _ in range(300):
+            f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(rng.randint(20, 80)))}) + "\n")
+    (root / "web" / "b.txt").write_text("\n\n".join(" ".join(rng.choice(words) for _ in range(40)) for _ in range(100)))
+    with open(root / "code" / "c.jsonl", "w") as f:
+        for i in range(300):
+            f.write(json.dumps({"text": f"def f{i}(x):\n    return x * {i}\n"}) + "\n")
+    return root
+
+
+@pytest.mark.parametrize("weights", [{"web": 3, "code": 1}, {"web": 1, "code": 4}])
+def test_a_tokenizer_trains_on_a_weighted_mix_and_records_it(tmp_path, weights):
+    """Each source's share of the bytes is its weight's, to within one of its documents (the
+    next text comes from the source furthest below its share), the mix ends when the first
+    source runs out, and trained_on.json says so; the counts are the sources' own texts."""
+    from gamma_titan.data.clean_text import scan_files
+    from gamma_titan.data.text_sources import parse_source
+    from gamma_titan.data.tokenizer import TRAINED_ON_FILE
+
+    raw = _corpus(tmp_path / "raw")
+    table = "{ " + ", ".join(f"{k} = {v}" for k, v in weights.items()) + " }"
+    out = train_tokenizer_from(str(raw), 400, tmp_path / "tok", mixture=table)
+    record = json.loads((out / TRAINED_ON_FILE).read_text())
+    rows = {row["name"]: row for row in record["sources"]}
+    total = sum(row["bytes"] for row in rows.values())
+    sizes = {name: [len(r.text.encode()) for r in scan_files(parse_source(str(raw / name)).files)]
+             for name in weights}
+    largest = max(max(v[:rows[n]["documents"]]) for n, v in sizes.items())  # the deviation is one document
+    for name, weight in weights.items():
+        assert rows[name]["bytes"] == sum(sizes[name][:rows[name]["documents"]])  # its first N documents
+        assert abs(rows[name]["bytes"] - weight / sum(weights.values()) * total) <= largest
+    ended = record["ended_by"]
+    assert rows[ended]["documents"] == len(list(scan_files(parse_source(str(raw / ended)).files)))
+    assert Tokenizer.from_file(str(out / "tokenizer.json")).get_vocab_size() == 400
+
+
+def test_a_mixture_is_refused_in_one_line_before_anything_is_written(tmp_path):
+    raw = _corpus(tmp_path / "raw")
+    (raw / "mix.toml").write_text("mixture = { web = 1, code = 2 }\n")
+    cases = [
+        (str(raw), "{ web = 1, news = 1 }", "--mixture.news: .*raw/news does not exist"),
+        (str(raw), "{ web = -1 }", "--mixture.web = -1: a weight must be a number >= 0"),
+        (str(raw), "{ web = 0, code = 0 }", "--mixture: the weights sum to 0"),
+        (str(raw), "web = 1", "--mixture: 'web = 1' is neither a table"),
+        (str(raw / "code" / "c.jsonl"), "{ web = 1 }", "--mixture: its names are relative to --input"),
+        (str(raw / "mix.toml"), "{ web = 1 }", "--mixture: set, but --input .* is a mixture file too"),
+    ]
+    for source, mixture, message in cases:
+        with pytest.raises(ConfigError, match=message) as err:
+            train_tokenizer_from(source, 400, tmp_path / "tok", mixture=mixture)
+        assert "\n" not in str(err.value) and not (tmp_path / "tok").exists()
+    # a mixture file as --input: names relative to it
+    out = train_tokenizer_from(str(raw / "mix.toml"), 400, tmp_path / "tok")
+    assert [row["weight"] for row in json.loads((out / "trained_on.json").read_text())["sources"]] == [1.0, 2.0]
