@@ -16,8 +16,12 @@ paper's Table 1 (second minus first, in points).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from gamma_titan.errors import ConfigError
 from gamma_titan.file_reads import read_json, read_json_lines
@@ -106,12 +110,13 @@ def run(hf_dir: str | Path, tasks: list[str], *, local_tasks: list[str] = (), pa
         if unknown:
             raise ConfigError(f"--tasks: unknown task {', '.join(unknown)}; see `lm-eval ls tasks`, "
                               "or add a YAML with --include-path")
-    results = lm_eval.simple_evaluate(
-        model="hf",
-        model_args={"pretrained": str(hf_dir), "trust_remote_code": True, "dtype": "float32"},
-        tasks=task_list, num_fewshot=num_fewshot, batch_size=batch_size, limit=limit,
-        device=device, task_manager=manager,
-    )
+    with stderr_without(GIT_OUTSIDE_A_CHECKOUT):
+        results = lm_eval.simple_evaluate(
+            model="hf",
+            model_args={"pretrained": str(hf_dir), "trust_remote_code": True, "dtype": "float32"},
+            tasks=task_list, num_fewshot=num_fewshot, batch_size=batch_size, limit=limit,
+            device=device, task_manager=manager,
+        )
     record = {
         "model": str(hf_dir.resolve()),
         "lm_eval_version": lm_eval.__version__,
@@ -124,6 +129,52 @@ def run(hf_dir: str | Path, tasks: list[str], *, local_tasks: list[str] = (), pa
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out, record, default=handle_non_serializable)
     return out
+
+
+#: What git prints when lm-eval asks it for the commit (`git describe`) outside a checkout:
+#: lm-eval records no hash then, and the line says nothing about the evaluation.
+GIT_OUTSIDE_A_CHECKOUT = b"fatal: not a git repository"
+
+
+@contextlib.contextmanager
+def stderr_without(prefix: bytes) -> Iterator[None]:
+    """File descriptor 2 through a pipe for the block, every line that starts with `prefix`
+    left out (a subprocess's lines too, which is where git's come from); everything else,
+    progress bars' carriage returns included, passes through as it arrives."""
+    sys.stderr.flush()
+    saved, (read_end, write_end) = os.dup(2), os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+
+    def forward() -> None:
+        line = b""  # the current line, held while it may still turn out to be the left-out one
+        held = True
+        while chunk := os.read(read_end, 65536):
+            for piece in chunk.splitlines(keepends=True):
+                if held:
+                    line += piece
+                    if line.startswith(prefix) or (not line.endswith(b"\n") and prefix.startswith(line)):
+                        if line.endswith(b"\n"):
+                            line = b""  # the whole left-out line: dropped
+                        continue
+                    os.write(saved, line)
+                    line, held = b"", False
+                else:
+                    os.write(saved, piece)
+                held = held or piece.endswith(b"\n")
+        if line and not line.startswith(prefix):
+            os.write(saved, line)
+
+    reader = threading.Thread(target=forward, daemon=True)
+    reader.start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)  # closes the pipe's last write end: the reader sees its end
+        reader.join(timeout=10)
+        os.close(read_end)
+        os.close(saved)
 
 
 def primary_metric(metrics: dict[str, float]) -> tuple[str, float] | None:

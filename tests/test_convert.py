@@ -301,3 +301,28 @@ def test_eval_on_a_local_task_and_the_comparison_table(tmp_path, builtin_assets,
         assert _cli("eval", *argv) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1
+
+
+def test_eval_leaves_out_gits_line_outside_a_checkout_and_nothing_else(tmp_path, monkeypatch, capfd):
+    """lm-eval asks git for a commit hash (`git describe`); outside a checkout git prints
+    "fatal: not a git repository" on the terminal. `eval` runs lm-eval with that one line left
+    out of its standard error, a subprocess's included; every other byte passes, progress
+    bars' carriage returns and a line merely starting like it included."""
+    import os
+    import subprocess
+    import sys
+
+    from gamma_titan.evaluation import GIT_OUTSIDE_A_CHECKOUT, stderr_without
+
+    monkeypatch.chdir(tmp_path)
+    probe = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True)
+    assert probe.stderr.startswith(GIT_OUTSIDE_A_CHECKOUT.decode())  # the line it is about
+    with stderr_without(GIT_OUTSIDE_A_CHECKOUT):
+        print("before", file=sys.stderr, flush=True)
+        subprocess.run(["git", "describe", "--always"], stdout=subprocess.DEVNULL)
+        sys.stderr.write("10%\r50%\r100%\n")
+        sys.stderr.flush()
+        os.write(2, b"fat")
+        os.write(2, b"al: a line of another kind\n")
+    print("after", file=sys.stderr, flush=True)
+    assert capfd.readouterr().err == "before\n10%\r50%\r100%\nfatal: a line of another kind\nafter\n"

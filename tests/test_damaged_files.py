@@ -122,6 +122,7 @@ def test_a_damaged_file_is_one_line_naming_it_and_nothing_is_written(made, name,
         lines = [line for line in err.splitlines() if line.startswith("error:")]
         assert done.value.code == 2 and len(lines) == 1, err[-3000:]
         assert str(path) in lines[0] and "Traceback" not in err, lines[0]
+        print(f"{name} ({how}): {lines[0].replace(str(root) + '/', '')}")  # the closing notes quote these
         if before is None:
             assert not (root / target).exists()
         else:  # the folder it reads and would write: as it was, but for the file damaged here

@@ -328,7 +328,8 @@ def _ctrl_c(argv: list[str], ready, timeout: float = 120.0) -> subprocess.Comple
 def test_ctrl_c_in_pretokenize_ends_in_one_line_and_the_rerun_goes_on(tmp_path, builtin_tokenizer):
     """Ctrl-C reaches the parent and its worker processes (one process group): one line, exit
     130, no traceback; the rerun keeps the finished shards and ends as a clean run does."""
-    corpus = write_jsonl(tmp_path / "corpus.jsonl", docs(6000))
+    # 600 units of 50 documents: seconds of work left when the second unit is recorded
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", docs(30000))
     out = tmp_path / "out"
     argv = ["pretokenize", "--input", str(corpus), "--tokenizer", str(builtin_tokenizer), "--out", str(out),
             "--num-proc", "2", "--docs-per-shard", "50", "--quiet"]
@@ -343,9 +344,11 @@ def test_ctrl_c_in_pretokenize_ends_in_one_line_and_the_rerun_goes_on(tmp_path, 
 
 
 def test_ctrl_c_in_tokenizer_train_ends_in_one_line_and_leaves_a_retry_open(tmp_path):
-    corpus = write_jsonl(tmp_path / "corpus.jsonl", docs(20000))
+    # distinct words enough for seconds of merges at this vocabulary
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", [f"{t} " + " ".join(f"x{i * 31 + j}y" for j in range(40))
+                                                     for i, t in enumerate(docs(40000))])
     out = tmp_path / "tok"
-    argv = ["tokenizer", "train", "--input", str(corpus), "--vocab-size", "4096", "--out", str(out)]
+    argv = ["tokenizer", "train", "--input", str(corpus), "--vocab-size", "16384", "--out", str(out)]
     stopped = _ctrl_c(argv, lambda: out.is_dir())  # training has begun (it makes the folder first)
     assert stopped.returncode == 130 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
     assert stopped.stderr.strip().splitlines()[-1] == ("interrupted: tokenizer stopped by Ctrl-C; no tokenizer was "

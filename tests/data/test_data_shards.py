@@ -306,7 +306,7 @@ def test_bad_data_gives_one_line_errors(work, mixture_root, tmp_path, builtin_to
     assert "00002.bin has 100 bytes, expected" in _preflight_error(_job(tok, broken))
     shutil.copy(shards / "train" / "00002.bin", broken / "train" / "00002.bin")
     np.save(broken / "train" / "00002.idx.npy", np.array([0, 5, 3]))
-    assert "00002.bin and its index 00002.idx.npy do not agree" in _preflight_error(_job(tok, broken))
+    assert f"00002.bin and its index {broken / 'train' / '00002.idx.npy'} do not agree" in _preflight_error(_job(tok, broken))
     shutil.copy(shards / "train" / "00002.idx.npy", broken / "train" / "00002.idx.npy")
     with open(broken / "train" / "00002.bin", "r+b") as f:  # garbage in the middle: caught on read
         f.seek(200)
