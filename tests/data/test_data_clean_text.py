@@ -314,8 +314,11 @@ def test_restart_replaces_the_shards_of_other_settings_and_nothing_else(tmp_path
 def _ctrl_c(argv: list[str], ready, timeout: float = 120.0) -> subprocess.CompletedProcess:
     """Run `gamma-titan ARGV` in a session of its own, send SIGINT to its whole process group
     (a terminal's Ctrl-C) once `ready()` holds, and return the finished process."""
+    # SIGINT back to its default first: a shell's background job (CI's) starts with it ignored,
+    # and Python, finding it ignored, never turns it into KeyboardInterrupt
     proc = subprocess.Popen([sys.executable, "-m", "gamma_titan.cli", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + timeout
     while not ready() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
