@@ -36,8 +36,8 @@ def read_json(path: Path | str, hint: str, keys: tuple[str, ...] | None = None) 
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        what = "truncated" if e.pos >= len(text.rstrip()) else f"damaged at line {e.lineno}, column {e.colno}"
-        raise damaged(path, f"{what} JSON ({e.msg})", hint) from None
+        where = "cut short" if e.pos >= len(text.rstrip()) else f"damaged at line {e.lineno}, column {e.colno}"
+        raise damaged(path, f"JSON {where} ({e.msg})", hint) from None
     if keys is not None:
         if not isinstance(data, dict):
             raise damaged(path, f"holds a JSON {type(data).__name__}, not the object expected", hint)
