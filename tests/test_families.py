@@ -58,11 +58,11 @@ RUN = ("--training.steps", str(STEPS), "--training.seq_len", "64", "--training.g
        "--validation.local_batch_size", "8", "--validation.seq_len", "64",
        "--gamma.diagnostics.freq", "100", "--gamma.diagnostics.probe_batch", "2",
        "--optimizer.weight_decay_policy", "megatron")  # Megatron-LM's groups, at every layout
-#: The least parameter tolerance: after 3 steps at this lr the layouts' parameters measured up
-#: to 1.1e-4 of the update apart (2 steps of 4 sequences: up to 2.3e-4) (gamma_sandwich PP 2: near-zero gradients of the post-norms'
-#: sublayers, where Adam's lr·sign(g) magnifies another summation order), where 2 micro-batches
-#: happened to add up closer; real errors are far above it (a halved gradient: 0.1; validation
-#: left in MoE load counters: 2.6e-2).
+#: The least parameter tolerance. The layouts' parameters measured up to 1.1e-4 of the update
+#: apart after 3 steps of 8 sequences at this lr (gamma_sandwich PP 2: near-zero gradients of
+#: the post-norms' sublayers, where Adam's lr·sign(g) magnifies another summation order), up to
+#: 2.2e-5 after these 2 steps of 4, where 2 micro-batches happened to add up closer; real errors
+#: are far above it (a halved gradient: 0.1; validation left in MoE load counters: 2.6e-2).
 PARAMS_FLOOR = 1e-3
 DIAGNOSTICS = {True: ("--gamma.diagnostics.enable", "true"), False: ("--gamma.diagnostics.enable", "false")}
 #: name: (degrees, live diagnostics). The diagnostics need the whole model on a rank:
