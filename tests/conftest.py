@@ -41,6 +41,19 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its order
 
 
+@pytest.fixture(autouse=True)
+def _environment_as_it_was():
+    """Each test leaves os.environ as it found it. A command run in this process (cli_main)
+    sets what its process would keep (a world of one's RANK and MASTER_PORT, the launch
+    command): left behind, every trainer a later test starts inherits them, and two of them
+    running at once then share a port."""
+    before = dict(os.environ)
+    yield
+    if dict(os.environ) != before:
+        os.environ.clear()
+        os.environ.update(before)
+
+
 @pytest.fixture(scope="session")
 def builtin_assets():
     """Build the built-in corpus and tokenizer once per session (cached across runs)."""

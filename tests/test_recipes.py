@@ -230,6 +230,22 @@ def test_a_torchrun_without_shutdown_timeout_gets_no_flag_and_a_warning(monkeypa
     assert "stop_grace_seconds = 300" in launch.shutdown_warning(300) and launch.shutdown_warning(20) is None
 
 
+def test_a_launched_trainer_is_a_world_of_its_own(monkeypatch):
+    """A trainer launched from inside another launch (a recipe run from a torchrun worker, or
+    a test process where a world of one trained in-process) leaves that world's variables
+    behind: with them, a world of one would take the inherited MASTER_PORT, and two runs of
+    a recipe at once would share it (the second failing to bind). Everything else passes."""
+    from gamma_titan.training import launch
+
+    outer = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "33747",
+             "TORCHELASTIC_USE_AGENT_STORE": "True", "A_USER_VARIABLE": "kept"}
+    for key, value in outer.items():
+        monkeypatch.setenv(key, value)
+    for command, env in (launch.train_command(1, ["x"], 300), launch.torchrun_command(2, ["x"], 300)):
+        assert not set(launch.WORLD_VARIABLES) & set(env), command
+        assert env["A_USER_VARIABLE"] == "kept" and env["PATH"] == os.environ["PATH"]
+
+
 def test_slurm_without_sbatch_fails_before_writing(builtin_assets, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     out = tmp_path / "out"

@@ -82,10 +82,19 @@ def launch_command() -> str:
     return " ".join(["gamma-titan", *sys.argv[1:]])
 
 
+#: What a torchrun launch tells each worker about its world. A trainer we launch is a world
+#: of its own: inherited from an outer launch, these would make a world of one join that
+#: world's store, and two runs of a recipe share one port.
+WORLD_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                   "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE")
+
+
 def _environment(threads: int | None) -> dict[str, str]:
-    """A launched trainer's environment: ours, the user's command for the run record,
-    unbuffered output (a redirected log grows line by line), and `threads` CPU threads."""
-    env = {**os.environ, LAUNCH_COMMAND_ENV: launch_command(), "PYTHONUNBUFFERED": "1"}
+    """A launched trainer's environment: ours without an outer launch's world, the user's
+    command for the run record, unbuffered output (a redirected log grows line by line), and
+    `threads` CPU threads."""
+    env = {k: v for k, v in os.environ.items() if k not in WORLD_VARIABLES}
+    env.update({LAUNCH_COMMAND_ENV: launch_command(), "PYTHONUNBUFFERED": "1"})
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     return env
