@@ -10,6 +10,7 @@ Face folder, a recipe's plan (`recipe run --launcher slurm --dry-run`)."""
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -115,9 +116,12 @@ def test_a_damaged_file_is_one_line_naming_it_and_nothing_is_written(made, name,
     original = path.read_bytes()
     before = tree(root / target) if (root / target).is_dir() else None
     damage(path, how)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         with pytest.raises(SystemExit) as done:
             cli_main(argv)
+        # a command that failed leaves its caller's stop signals as they were (train installs its own)
+        assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
         err = capsys.readouterr().err
         lines = [line for line in err.splitlines() if line.startswith("error:")]
         assert done.value.code == 2 and len(lines) == 1, err[-3000:]

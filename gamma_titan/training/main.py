@@ -202,6 +202,7 @@ def train(config, spec, args) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(code)
     finally:
+        stop.uninstall()  # the caller's handlers again (a caller that goes on: cli, a test)
         if lock is not None:
             lock.release()
         write_stop_report(code, stopped[0] if stopped else None)
