@@ -124,6 +124,26 @@ def test_large_vocabularies_are_stored_as_uint32(work, tmp_path, monkeypatch):
     assert [tok.decode(d[1:-1].tolist()) for d in shards.documents()] == texts
 
 
+def test_a_unit_encoded_in_batches_writes_the_same_shards(work, tmp_path, monkeypatch):
+    """Workers encode a unit ENCODE_BATCH_DOCS documents at a time (a whole unit's Encodings
+    held 3 GB a worker): batches of 7 across units of 64 (a short last batch in each) write
+    byte for byte the shards of one batch a unit, and give the documents back."""
+    from gamma_titan.data import pretokenize as pretokenize_module
+
+    root, texts = work
+    outs = {}
+    for batch in (7, 64):
+        monkeypatch.setattr(pretokenize_module, "ENCODE_BATCH_DOCS", batch)
+        outs[batch] = tmp_path / f"batch{batch}"
+        pretokenize(str(root / "corpus.jsonl"), root / "tok", outs[batch], docs_per_shard=64,
+                    val_fraction=VAL_FRACTION, progress=False)
+    metas = [json.loads((out / "meta.json").read_text()) for out in outs.values()]
+    assert metas[0]["splits"] == metas[1]["splits"] and len(metas[0]["splits"]["train"]["shards"]) == 3
+    tok = Tokenizer.from_file(str(root / "tok" / "tokenizer.json"))
+    assert [tok.decode(d[1:-1].tolist()) for d in TokenShards(outs[7], "train").documents()] == \
+        [t for t in texts if not is_validation(t, VAL_FRACTION)]
+
+
 def test_pretokenize_resumes_and_is_idempotent(work, tmp_path):
     root, _ = work
     out = tmp_path / "shards"
