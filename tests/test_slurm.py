@@ -274,7 +274,7 @@ def test_the_time_limit_checkpoints_requeues_and_continues_to_the_last_step(ende
     finished = text.rindex(f"job {s.job}: finished")
     late = text.count("USR1 to the job script", finished)
     assert text.count("USR1 to the job script", 0, finished) == len(parts) - 1 and late <= 1, text[-3000:]
-    assert text.count("the time limit is near, training stopped with exit 0: requeued") == len(parts) - 1
+    assert text.count("the time limit is near, training stopped with exit 0: requeueing it") == len(parts) - 1
     assert "warning: the time limit (2 min) leaves 60 s for the stop" in s.script.read_text()
 
 
@@ -287,7 +287,7 @@ def test_a_preempted_two_node_job_checkpoints_on_both_nodes_and_requeues_itself(
     for node in (0, 1):
         assert f"{node}: gamma-titan: SIGTERM: every worker of this node checkpointed step {first[-1]}" in text, \
             text[-4000:]
-    assert "preempted, training stopped with exit 0: requeued" in text
+    assert "preempted, training stopped with exit 0: requeueing it" in text
     # the nodes told apart: srun's label (0:, 1:) and the rank torchrun's rendezvous gave each
     # (the rendezvous may pair them the other way round at the next start)
     first_start = text.split(f"gamma-titan: job {s.job} (start 2)")[0]

@@ -63,12 +63,14 @@ def after_stop(run_dir: Path, steps: int, signal: str, code: int) -> int:
     why = {"USR1": "the time limit is near", "TERM": "SIGTERM", "none": "no signal to the job script"}.get(signal, signal)
     if verdict == "requeue":
         reason = "preempted" if fields.get("PreemptTime", "None") not in ("None", "Unknown", "") else why
+        # said first: the requeue ends this job script, and this process with it, at once
+        print(f"gamma-titan: job {job}: {reason}, training stopped with exit {code}: requeueing it; its next "
+              f"start resumes from the stop's checkpoint", flush=True)
         requeued = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
         if requeued.returncode != 0:
-            print(f"gamma-titan: job {job}: {reason}; scontrol requeue failed: {requeued.stderr.strip()}", flush=True)
+            print(f"gamma-titan: job {job}: scontrol requeue failed: {requeued.stderr.strip()}; `sbatch` the "
+                  f"script again to resume", flush=True)
             return 1
-        print(f"gamma-titan: job {job}: {reason}, training stopped with exit {code}: requeued; its next start "
-              f"resumes from the stop's checkpoint", flush=True)
         return 0
     lines = {
         "finished": f"finished: {run_dir} reached step {steps}",
