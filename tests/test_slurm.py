@@ -268,13 +268,16 @@ def test_the_time_limit_checkpoints_requeues_and_continues_to_the_last_step(ende
     assert s.ends[-1]["JobState"] == "COMPLETED" and s.ends[-1]["ExitCode"] == "0:0", s.ends
     parts = check_resumed_at_the_stop(s)
     text = check_common(s)
-    # one USR1 for each start the time limit stopped; the last start may also get its USR1
-    # after training has finished (a loaded machine reaches the signal's offset while the
-    # script wraps up): harmless, the job is COMPLETED
-    finished = text.rindex(f"job {s.job}: finished")
-    late = text.count("USR1 to the job script", finished)
-    assert text.count("USR1 to the job script", 0, finished) == len(parts) - 1 and late <= 1, text[-3000:]
-    assert text.count("the time limit is near, training stopped with exit 0: requeueing it") == len(parts) - 1
+    starts = re.split(rf"^gamma-titan: job {s.job} \(start \d+\) on .*$", text, flags=re.M)[1:]
+    assert len(starts) == len(parts), text[-3000:]
+    # each start the time limit stopped: its USR1, and the job requeueing itself
+    for start in starts[:-1]:
+        assert start.count("USR1 to the job script") == 1, start[-3000:]
+        assert start.count("the time limit is near, training stopped with exit 0: requeueing it") == 1, start[-3000:]
+    # the last start may get its USR1 too, once its last step is done (a loaded machine reaches
+    # the signal's offset while the run wraps up): harmless, the run is finished and not requeued
+    assert starts[-1].count("USR1 to the job script") <= 1 and "requeueing it" not in starts[-1], starts[-1][-3000:]
+    assert f"job {s.job}: finished" in starts[-1]
     assert "warning: the time limit (2 min) leaves 60 s for the stop" in s.script.read_text()
 
 
