@@ -1,6 +1,10 @@
 """`gamma-titan`: the command line.
 
     gamma-titan train CONFIG.toml [--nproc N] [--section.key value ...]
+    gamma-titan submit CONFIG.toml [--nodes N] [--gpus-per-node G] [--time LIMIT] [--partition P] [--account A]
+                                   [--qos Q] [--constraint C] [--sbatch LINE ...] [--site FILE] [--dry-run] [--force]
+                                   [--section.key value ...]
+    gamma-titan status RUN_DIR
     gamma-titan inspect CONFIG.toml [--json] [--section.key value ...]
     gamma-titan tokenizer train [--input SOURCE --out DIR] [--mixture TABLE] [--vocab-size N] [--force]
     gamma-titan pretokenize --input SOURCE --tokenizer DIR --out DIR [--num-proc N] [--val-fraction F]
@@ -12,15 +16,16 @@
     gamma-titan report recipe RUN_ROOT [--out DIR]
     gamma-titan report tokens CKPT_SMALL CKPT_STD [--data NAME|DIR] [--tokens N] [--text T] [--out DIR]
     gamma-titan recipe run NAME --scale tiny|gpu|paper [--launcher local|slurm] [--dry-run] [--out DIR] [--jobs N]
-                           [--steps N] [--seeds S,S,...] [--allow-epochs E]
+                           [--steps N] [--seeds S,S,...] [--allow-epochs E] [SLURM settings as submit's]
                                 [--section.key value ...]   (overrides for every run)
     gamma-titan recipe list
     gamma-titan cache [clear [ENTRY ...]]
 
 `train` checks the config here, then starts `torchrun -m gamma_titan.train` with N
 processes on this node (default: the number of GPUs, or 1 without one); one process trains
-in this one, as a world of one. For several nodes, call torchrun yourself with the same
-module (see the README).
+in this one, as a world of one. `submit` runs a config as a SLURM job on N nodes that
+requeues itself until the run is done (its site settings: --site FILE or
+$GAMMA_TITAN_SLURM_SITE); `status` says where a run (or a recipe's runs) stands.
 """
 
 from __future__ import annotations
@@ -84,6 +89,29 @@ def cmd_train(ns, overrides: list[str]) -> int:
     command, env = torchrun_command(nproc, argv, config.gamma.reliability.stop_grace_seconds)
     print("+ " + " ".join(command), flush=True)
     os.execve(command[0], command, env)  # torchrun takes this process: SIGTERM reaches it directly
+
+
+def site_flags(ns) -> dict:
+    """The SLURM settings given as flags (None: not given)."""
+    return {"partition": ns.partition, "account": ns.account, "qos": ns.qos, "constraint": ns.constraint,
+            "time": ns.time, "sbatch": ns.sbatch}
+
+
+def cmd_submit(ns, overrides: list[str]) -> int:
+    from gamma_titan.slurm.submit import Request, submit
+
+    request = Request(config=ns.config, overrides=overrides, nodes=ns.nodes, gpus_per_node=ns.gpus_per_node,
+                      nproc_per_node=ns.nproc_per_node, site_file=ns.site, flags=site_flags(ns), dry_run=ns.dry_run,
+                      force=ns.force)
+    return submit(request, ns.argv[1:])  # as typed after `submit`: the command that submits it again
+
+
+def cmd_status(ns, overrides: list[str]) -> int:
+    if overrides:
+        raise ConfigError(f"unknown arguments: {' '.join(overrides)}")
+    from gamma_titan.slurm.status import status
+
+    return status(ns.run_dir)
 
 
 def cmd_inspect(ns, overrides: list[str]) -> int:
@@ -255,8 +283,33 @@ def cmd_recipe(ns, overrides: list[str]) -> int:
             recipe = load_recipe(name)
             print(f"{name:14s} {recipe.figure:10s} {recipe.title}")
         return 0
+    flags = site_flags(ns)
+    site = None
+    if ns.site or any(v is not None for v in flags.values()):
+        if ns.launcher != "slurm":
+            given = "--site" if ns.site else "--" + next(k for k, v in flags.items() if v is not None)
+            raise ConfigError(f"{given}: a SLURM setting; it goes with --launcher slurm")
+        from gamma_titan.slurm.site import load_site
+
+        site = load_site(ns.site).merged(**flags)
     return run_recipe(ns.name, ns.scale, launcher=ns.launcher, dry_run=ns.dry_run, out=ns.out, jobs=ns.jobs,
-                      overrides=overrides, steps=ns.steps, seeds=ns.seeds, allow_epochs=ns.allow_epochs)
+                      overrides=overrides, steps=ns.steps, seeds=ns.seeds, allow_epochs=ns.allow_epochs, site=site)
+
+
+def add_site_flags(parser) -> None:
+    """The SLURM settings of submit and recipe run: each overrides the site file's key."""
+    from gamma_titan.slurm.site import SITE_ENV
+
+    parser.add_argument("--site", metavar="FILE", help=f"the cluster's site settings (TOML; default: ${SITE_ENV}): "
+                                                       "partition, account, setup lines, container, env, ...")
+    parser.add_argument("--partition", help="#SBATCH --partition")
+    parser.add_argument("--account", help="#SBATCH --account")
+    parser.add_argument("--qos", help="#SBATCH --qos")
+    parser.add_argument("--constraint", help="#SBATCH --constraint")
+    parser.add_argument("--time", metavar="LIMIT", help="#SBATCH --time (minutes, H:M:S, D-H:M:S, ...); the job "
+                                                        "stops its training before it, checkpointed, and requeues")
+    parser.add_argument("--sbatch", action="append", metavar="LINE",
+                        help="another #SBATCH option, e.g. --sbatch=--mail-type=END (repeatable)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -275,6 +328,24 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("config", help="TOML file (configs/...)")
     train.add_argument("--nproc", type=count(1), help="processes on this node (default: its GPUs, or 1)")
     train.set_defaults(run=cmd_train)
+
+    submit = sub.add_parser("submit", help="run a config as a SLURM job that requeues itself until the run is done",
+                            description="Check a config at N nodes x G GPUs, write its job script into "
+                                        "<dump_folder>/slurm/ and submit it. Again with a larger --training.steps: "
+                                        "the run is extended.")
+    submit.add_argument("config", help="TOML file (configs/... or your own)")
+    submit.add_argument("--nodes", type=count(1), default=1, help="nodes (default 1)")
+    submit.add_argument("--gpus-per-node", type=count(0),
+                        help="GPUs a node (one rank each; 0: CPU nodes; default: the site file's, else 8)")
+    submit.add_argument("--nproc-per-node", type=count(1), help="ranks a CPU node (--gpus-per-node 0; default 1)")
+    add_site_flags(submit)
+    submit.add_argument("--dry-run", action="store_true", help="check and print the job script; write and submit nothing")
+    submit.add_argument("--force", action="store_true", help="submit while a job of this run is pending or running")
+    submit.set_defaults(run=cmd_submit)
+
+    status = sub.add_parser("status", help="where a run stands: its SLURM job, step, checkpoint, starts, ETA")
+    status.add_argument("run_dir", metavar="RUN_DIR", help="a run's dump folder, or a recipe's --out")
+    status.set_defaults(run=cmd_status)
 
     inspect = sub.add_parser("inspect", help="the model of a config at init, on the CPU")
     inspect.add_argument("config")
@@ -393,6 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
                                             "scale's (init and data order change with the seed)")
     recipe_run.add_argument("--allow-epochs", type=number(0),
                             help="passes over the training data a run may make (default: the scale's, 1)")
+    add_site_flags(recipe_run)
     recipe_run.set_defaults(run=cmd_recipe)
     recipe_sub.add_parser("list", help="the recipes in recipes/").set_defaults(run=cmd_recipe)
 
@@ -413,6 +485,8 @@ AFTER_CTRL_C = {
     "recipe": "the finished runs are kept: rerun the same command to train the others",
     "report": "no report was written: rerun the command",
     "inspect": "nothing was written",
+    "submit": "nothing was submitted unless it said so: run `gamma-titan status` on the run folder",
+    "status": "nothing was written",
     "cache": "an entry being removed may be half gone: `gamma-titan cache clear` it again",
 }
 
@@ -420,6 +494,7 @@ AFTER_CTRL_C = {
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     ns, rest = build_parser().parse_known_args(argv)
+    ns.argv = argv
     try:
         code = ns.run(ns, rest)
     except ConfigError as e:

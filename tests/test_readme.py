@@ -125,13 +125,13 @@ def test_every_gamma_titan_command_parses_and_its_config_loads(builtin_assets):
             ns, rest = build_parser().parse_known_args(argv[1:])
         except SystemExit:
             pytest.fail(f"README: `{' '.join(argv)}` does not parse")
-        takes_overrides = ns.command in ("train", "inspect") or (ns.command, getattr(ns, "action", None)) == \
-            ("recipe", "run")
+        takes_overrides = ns.command in ("train", "inspect", "submit") or (ns.command, getattr(ns, "action", None)) \
+            == ("recipe", "run")
         if ns.command == "eval" and ns.hf_dir == "compare":  # its two files come through the rest
             assert len(rest) == 2, argv
             rest = []
         assert takes_overrides or rest == [], (argv, rest)
-        if ns.command in ("train", "inspect"):
+        if ns.command in ("train", "inspect", "submit"):
             assert (REPO / ns.config).is_file(), argv
             load_job_config(["--job.config_file", str(REPO / ns.config), *rest])
             checked += 1

@@ -174,7 +174,8 @@ def test_an_eps_ablation_where_eps_never_dominates_is_warned_about(builtin_asset
 
 
 def check_sbatch_script(path: Path, run, out: Path) -> None:
-    from gamma_titan.recipes.slurm import RDZV_PORT_BASE, RDZV_PORT_SPAN
+    from gamma_titan.recipes.slurm import time_limit_minutes
+    from gamma_titan.recipes.spec import load_recipe
     from gamma_titan.training.launch import TORCHRUN
 
     text = path.read_text()
@@ -182,8 +183,10 @@ def check_sbatch_script(path: Path, run, out: Path) -> None:
     assert f"#SBATCH --nodes={run.nodes}\n" in text and f"#SBATCH --gpus-per-node={run.gpus_per_node}\n" in text
     assert "#SBATCH --ntasks-per-node=1\n" in text and "#SBATCH --requeue\n" in text
     assert 'nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))' in text  # head node from the node list
-    assert (f'--rdzv_endpoint="$head_node_ip:$(( {RDZV_PORT_BASE} + SLURM_JOB_ID % {RDZV_PORT_SPAN} ))"') in text
-    assert '--rdzv_id="$SLURM_JOB_ID"' in text and '--nnodes="$SLURM_JOB_NUM_NODES"' in text
+    # the rendezvous: a free port found on the head node, an id of its own per start and attempt
+    assert 'helper rendezvous "$(node_addr "${nodes[0]}")"' in text
+    assert '--rdzv_endpoint="$rdzv_addr:$rdzv_port"' in text and '--rdzv_id="$rdzv_id"' in text
+    assert '--nnodes="$SLURM_JOB_NUM_NODES"' in text
     assert f"--nproc_per_node={run.gpus_per_node}" in text and f"-m {TORCHRUN} " in text
     assert f"--job.dump_folder {(out / run.name).resolve()}" in text
     assert f"--training.steps {run.steps}" in text and "-m gamma_titan.train" in text
@@ -195,15 +198,51 @@ def check_sbatch_script(path: Path, run, out: Path) -> None:
     # kills its tasks on a SIGTERM of its own); the script forwards SIGTERM to the job's steps
     assert "setsid srun --kill-on-bad-exit=1 --label" in text
     # CPU threads: the node's CPUs over its ranks, unless the user set them
-    assert f"threads=$(( ${{SLURM_CPUS_ON_NODE:-{run.gpus_per_node * 8}}} / {run.gpus_per_node} ))" in text
+    assert f"threads=$(( ${{SLURM_CPUS_PER_TASK:-${{SLURM_CPUS_ON_NODE:-1}}}} / {run.gpus_per_node} ))" in text
     assert 'export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( threads > 0 ? threads : 1 ))}' in text
     assert "trap 'forward USR1' USR1\n" in text and 'scancel --signal=TERM "$SLURM_JOB_ID"' in text
     # The stop (hazard 3): the grace period covers the step and an estimated full save; torchrun
-    # waits for it before SIGKILL, and SLURM's SIGUSR1 comes that much before the time limit.
+    # waits for it before SIGKILL; the job signals itself that much before its end time, which it
+    # reads from SLURM at every start (no --signal: a --time given to sbatch by hand is followed)
     grace = run.stop_grace_seconds
     assert grace >= 1.5 * save_seconds(run.params, run.nodes) and grace >= 300
-    assert f"#SBATCH --signal=B:USR1@{math.ceil(grace) + SHUTDOWN_MARGIN_SECONDS}\n" in text
-    assert f"--shutdown-timeout={math.ceil(grace) + SHUTDOWN_MARGIN_SECONDS} " in text
+    assert "#SBATCH --signal" not in text and f'helper start "$RUN_DIR" {grace:g}' in text
+    assert f"export TORCH_ELASTIC_SHUTDOWN_TIMEOUT={math.ceil(grace) + SHUTDOWN_MARGIN_SECONDS}\n" in text
+    assert "--shutdown-timeout" not in text  # decided by the torch the job runs, not the one that wrote it
+    minutes = time_limit_minutes(run, load_recipe(json.loads((out / "recipe.json").read_text())["recipe_file"]).scale("paper"))
+    assert f"#SBATCH --time={minutes // 1440}-{minutes % 1440 // 60:02d}:{minutes % 60:02d}:00\n" in text
+
+
+def test_the_plan_keeps_what_the_user_set_and_says_what_it_chose(builtin_assets, tmp_path, capsys):
+    """A user's config (debug.toml's validation every 50, diagnostics every 100) wrapped in a
+    one-run recipe whose [set] asks for a checkpoint every 20: the plan keeps all three and
+    sets only the steps; a frequency the steps do not divide is refused in one line; the
+    step rounding is said. (Before: checkpoint.interval became the run's length and both
+    frequencies a quarter of it, silently.)"""
+    config = tmp_path / "mine.toml"
+    config.write_text((REPO / "configs/dense/debug.toml").read_text())
+    recipe = tmp_path / "mine_recipe.toml"
+    recipe.write_text(f'[recipe]\ntitle = "mine"\n[set]\n"checkpoint.interval" = 20\n[grid]\n"gamma.init_rate" = [1.0]\n'
+                      f'[scale.tiny]\ntokens = 600_000\nseeds = [0]\nallow_epochs = 3\nmodels = [{{ config = "{config}" }}]\n')
+    (run,) = plan(load_recipe(str(recipe)), "tiny")
+    assert run.steps == 300 and run.budget_steps == 293  # 600k tokens / (8 x 256) = 292.97, up to 300
+    assert run.overrides["checkpoint.interval"] == 20
+    assert "validation.freq" not in run.overrides and "gamma.diagnostics.freq" not in run.overrides
+    assert run.plan_set == ["training.steps"]
+    assert execute(plan_recipe(str(recipe), "tiny", out=str(tmp_path / "out")), dry_run=True) == 0
+    printed = capsys.readouterr().out
+    assert "steps 300 x 8 seq x 256 (the budget needs 293: rounded up to a multiple of 100)" in printed
+    assert "set by the plan (nobody else set them): training.steps = 300\n" in printed
+    # the config's own validation every 50 cannot land on the last of 280 steps
+    recipe.write_text(recipe.read_text().replace("tokens = 600_000", "tokens = 550_000\nstep_multiple = 20"))
+    with pytest.raises(ConfigError, match=r"^run g1_s0: validation.freq = 50 does not divide its 280 steps: the report "
+                                          r"compares every run at its last step"):
+        plan(load_recipe(str(recipe)), "tiny")
+    # what nobody set, the plan chooses, and says so
+    config.write_text(re.sub(r"\nfreq = \d+[^\n]*\n", "\n", config.read_text()))
+    (run,) = plan(load_recipe(str(recipe)), "tiny")
+    assert run.plan_set == ["training.steps", "validation.freq", "gamma.diagnostics.freq"]
+    assert run.overrides["validation.freq"] == run.overrides["gamma.diagnostics.freq"] == 280 // 4
 
 
 def test_stop_grace_covers_the_save_of_a_big_model():
@@ -296,12 +335,16 @@ def test_bad_input_is_one_line_before_anything_is_written(builtin_assets, tmp_pa
          ["--scale", "tiny", "--seeds=-1"]),
         ("gamma_sweep", "argument --steps: 0: must be an integer >= 1", ["--scale", "tiny", "--steps", "0"]),
         ("gamma_sweep", "argument --jobs: 0: must be an integer >= 1", ["--scale", "tiny", "--jobs", "0"]),
-        ("moe", "--debug.seed: recipe moe sets it per run", ["--scale", "tiny", "--debug.seed", "3"]),
+        ("moe", "recipe moe: --debug.seed: each run's seed sets it (seeds 0, 1, 2); choose the seeds with --seeds",
+         ["--scale", "tiny", "--debug.seed", "3"]),
         ("eps_ablation", "model_args.dim", ["--scale", "tiny", "--model_args.dim", "63"]),
         ("scaling", "--launcher local: run 0.7B_standard needs 2 nodes", ["--scale", "paper", "--allow-epochs", "1e9"]),
-        ("gate_ablation", "--gamma.attention_gate: recipe gate_ablation sets it per run",
+        ("gate_ablation", "recipe gate_ablation: --gamma.attention_gate: the recipe varies it per run",
          ["--scale", "tiny", "--gamma.attention_gate", "none"]),
-        ("moe", "--training.steps: the token budget sets it; use --steps N", ["--scale", "tiny", "--training.steps", "5"]),
+        ("moe", "recipe moe: --training.steps: the token budget sets it; use --steps N",
+         ["--scale", "tiny", "--training.steps", "5"]),
+        ("moe", "recipe moe: --job.dump_folder: each run trains in OUT/<run name>; choose OUT with --out",
+         ["--scale", "tiny", "--job.dump_folder", "x"]),
         ("gate_ablation", "argument --allow-epochs: 0: must be a number > 0", ["--scale", "gpu", "--allow-epochs", "0"]),
         ("gate_ablation", "argument --allow-epochs: nan: must be a number > 0",
          ["--scale", "gpu", "--allow-epochs", "nan"]),
@@ -315,6 +358,13 @@ def test_bad_input_is_one_line_before_anything_is_written(builtin_assets, tmp_pa
                      'vary = "gamma.norm_eps"\nvalues = [1, 2]\nexpect = "<0"\n[scale.tiny]\ntokens = 1e6\n'
                      'models = ["configs/dense/tiny.toml"]\n')
     cases.append((str(claim), "claims[0]: 'gamma.norm_eps' is not a key the recipe varies", ["--scale", "tiny"]))
+    for key, value, message in (("debug.seed", 7, "[set] debug.seed: each run's seed sets it (seeds 0, 1, 2)"),
+                                ("training.steps", 300, "[set] training.steps: the token budget sets it"),
+                                ("gamma.init_rate", 1.0, "[set] gamma.init_rate: the recipe varies it per run")):
+        own = tmp_path / f"set_{key}.toml"
+        own.write_text(f'[recipe]\ntitle = "x"\n[set]\n"{key}" = {value}\n[grid]\n"gamma.init_rate" = [0.5, 1.0]\n'
+                       '[scale.tiny]\ntokens = 1e6\nmodels = ["configs/dense/tiny.toml"]\n')
+        cases.append((str(own), message, ["--scale", "tiny"]))
     for i, (name, message, args) in enumerate(cases):
         out = tmp_path / f"out-{i}"
         with pytest.raises(SystemExit) as exit_:

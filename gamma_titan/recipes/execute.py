@@ -64,6 +64,7 @@ class Planned:
     out: Path
     record: dict[str, Any]
     tuner: Any = None  # recipes/tuned.TunedPlanner
+    site: Any = None  # gamma_titan/slurm/site.Site: the SLURM settings (--launcher slurm)
 
 
 def execute(planned: Planned, launcher: str = "local", dry_run: bool = False, jobs: int = 1) -> int:
@@ -89,17 +90,21 @@ def submit_slurm(planned: Planned, runs: list[PlannedRun], dry_run: bool) -> int
     from gamma_titan.recipes import slurm
     from gamma_titan.recipes.local import is_finished
 
+    from gamma_titan.slurm.scheduler import command
+    from gamma_titan.slurm.site import Site
+
     recipe, out_dir = planned.recipe, planned.out
-    sbatch = None if dry_run else slurm.check_sbatch()
+    if not dry_run:
+        command("sbatch", "--launcher slurm; use --dry-run to only write the scripts")
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out_dir / RECIPE_PLAN_FILE, planned.record)
     todo = [r for r in runs if not is_finished(out_dir / r.name, r.steps)]
-    scripts = slurm.write_scripts(todo, recipe.scale(planned.scale), out_dir, recipe.name)
-    for path in scripts.values():
-        print(f"wrote {path}")
+    jobs = slurm.write_scripts(todo, recipe.scale(planned.scale), out_dir, recipe.name, planned.site or Site())
+    for job in jobs.values():
+        print(f"wrote {job.script}")
     if dry_run:
         return 0
-    submitted = slurm.submit(scripts, sbatch)
+    submitted = slurm.submit(jobs)
     jobs_file = out_dir / "slurm" / "jobs.json"
     previous = read_json(jobs_file, RECIPE_RECORD_HINT) if jobs_file.is_file() else {}
     write_json_atomic(jobs_file, {**previous, **submitted})

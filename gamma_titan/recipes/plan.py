@@ -36,6 +36,7 @@ from gamma_titan.training.launch import stop_grace_seconds
 
 STEP_MULTIPLE = {"tiny": 100, "gpu": 500, "paper": 1000}
 NORM_EPS = "gamma.norm_eps"
+GRACE_KEY = "gamma.reliability.stop_grace_seconds"
 #: At the tiny and gpu scales, validation, diagnostics and the sink scores are measured at
 #: step 1 and this many times more, evenly, the last at the final step (the paper scale
 #: keeps its configs' frequencies).
@@ -77,6 +78,10 @@ class PlannedRun:
     gpu_hours: float
     cpu_hours: float  # on the CI machine (CPU_*): the tiny scale's estimate
     stop_grace_seconds: float  # between SIGTERM and exit: the step in progress and a full save (launch.py)
+    frequencies: dict[str, int | None]  # validation.freq, gamma.diagnostics.freq as configured (None: off)
+    budget_steps: int | None = None  # the steps the token budget needs, before rounding (None: --steps)
+    step_multiple: int | None = None  # what they were rounded up to a multiple of
+    plan_set: list[str] = dataclasses.field(default_factory=list)  # the keys the plan chose (nobody else set them)
 
     @property
     def world_size(self) -> int:
@@ -183,10 +188,42 @@ def plan_run(recipe: Recipe, scale_name: str, run: Run, extra: dict[str, Any] | 
                       global_batch=global_batch, steps=0, tokens=0, corpus_tokens=corpus,
                       flops_per_token=args.flops_per_token(t.seq_len), norm_eps=args.norm_eps,
                       hidden_var=hidden_var, hidden_var_site=site, gpu_hours=0.0, cpu_hours=0.0,
-                      stop_grace_seconds=config.gamma.reliability.stop_grace_seconds)
+                      stop_grace_seconds=config.gamma.reliability.stop_grace_seconds,
+                      frequencies={"validation.freq": config.validation.freq if config.validation.enable else None,
+                                   "gamma.diagnostics.freq": config.gamma.diagnostics.freq
+                                   if config.gamma.diagnostics.enable else None})
 
 
-def finish(run: PlannedRun, scale: Scale, steps: int) -> None:
+#: Keys the plan sets for a run where nobody else does: the measuring frequencies of the CPU and
+#: one-GPU scales, the checkpoint interval (one save, at the end) and the stop's grace period.
+MEASURING_KEYS = ("validation.freq", "gamma.diagnostics.freq")
+PLANNED_DEFAULTS = (*MEASURING_KEYS, "checkpoint.interval", GRACE_KEY)
+#: Keys the plan sets for every run, which a recipe's [set] or the command line cannot: each
+#: with what to use instead.
+PLAN_OWNS = {"training.steps": "the token budget sets it; use --steps N for a shorter run",
+             "job.dump_folder": "each run trains in OUT/<run name>; choose OUT with --out"}
+
+
+def config_keys(path: str | Path) -> set[str]:
+    """The dotted keys a config file sets itself (`validation.freq`), tables as keys too."""
+    import tomllib
+
+    def walk(table: dict, prefix: str) -> set[str]:
+        out = set()
+        for key, value in table.items():
+            out.add(prefix + key)
+            if isinstance(value, dict):
+                out |= walk(value, f"{prefix}{key}.")
+        return out
+
+    with open(path, "rb") as f:
+        return walk(tomllib.load(f), "")
+
+
+def finish(run: PlannedRun, scale: Scale, steps: int, user_keys: set[str]) -> None:
+    """Set the run's steps and what follows from them. A key in `user_keys` (the recipe's
+    [set], arms and grid, the command line, the config file's own keys) keeps its value: the
+    plan only fills in what nobody set, and refuses a value the scale cannot use."""
     run.steps = steps
     run.tokens = steps * run.global_batch * run.seq_len
     run.gpu_hours = run.flops_per_token * run.tokens / (scale.gpu_peak_tflops * 1e12 * scale.assumed_mfu) / 3600
@@ -194,12 +231,28 @@ def finish(run: PlannedRun, scale: Scale, steps: int) -> None:
     run.overrides["training.steps"] = steps
     configured = run.stop_grace_seconds
     step_seconds = run.gpu_hours * 3600 / run.world_size / steps
-    run.stop_grace_seconds = stop_grace_seconds(configured, run.params, run.nodes, step_seconds)
-    if run.stop_grace_seconds > configured:
-        run.overrides["gamma.reliability.stop_grace_seconds"] = run.stop_grace_seconds
-    if scale.name in MEASUREMENTS:
-        every = max(1, steps // MEASUREMENTS[scale.name])
-        run.overrides.update({"validation.freq": every, "gamma.diagnostics.freq": every, "checkpoint.interval": steps})
+    needed = stop_grace_seconds(configured, run.params, run.nodes, step_seconds)
+    run.plan_set = ["training.steps"]
+    if GRACE_KEY not in user_keys and needed > configured:
+        run.stop_grace_seconds = needed
+        run.overrides[GRACE_KEY] = needed
+        run.plan_set.append(GRACE_KEY)
+    if scale.name not in MEASUREMENTS:
+        return
+    every = max(1, steps // MEASUREMENTS[scale.name])
+    for key in MEASURING_KEYS:
+        if key not in user_keys:
+            run.overrides[key] = every
+            run.plan_set.append(key)
+            continue
+        value = run.frequencies.get(key)
+        if value and steps % value:
+            raise ConfigError(f"run {run.name}: {key} = {value} does not divide its {steps} steps: the report compares "
+                              f"every run at its last step, which must be measured; set a divisor of {steps} (the "
+                              f"plan's own is {every}), or leave {key} unset for the plan to choose")
+    if "checkpoint.interval" not in user_keys:
+        run.overrides["checkpoint.interval"] = steps
+        run.plan_set.append("checkpoint.interval")
 
 
 def plan(recipe: Recipe, scale_name: str, extra: dict[str, Any] | None = None,
@@ -228,11 +281,17 @@ def plan(recipe: Recipe, scale_name: str, extra: dict[str, Any] | None = None,
     varied |= {tune.key} if tune else set()
     if seeds is not None or len(scale.seeds) > 1 or tune:
         varied |= set(SEED_KEYS)
-    for key in extra or {}:
+    given = [(f"--{key}", key) for key in extra or {}] + [(f"[set] {key}", key) for key in recipe.set] + \
+            [(f"[scale.{scale_name}.set] {key}", key) for key in scale.set]
+    for where, key in given:
+        if key in PLAN_OWNS:
+            raise ConfigError(f"recipe {recipe.name}: {where}: {PLAN_OWNS[key]}")
+        if key in SEED_KEYS and key in varied:
+            raise ConfigError(f"recipe {recipe.name}: {where}: each run's seed sets it (seeds "
+                              f"{', '.join(map(str, seeds or scale.seeds))}); choose the seeds with --seeds")
         if key in varied:
-            raise ConfigError(f"--{key}: recipe {recipe.name} sets it per run; edit the recipe to change it")
-        if key == "training.steps":
-            raise ConfigError("--training.steps: the token budget sets it; use --steps N for a shorter run")
+            raise ConfigError(f"recipe {recipe.name}: {where}: the recipe varies it per run (its [grid], [arms] or "
+                              "[tune]); edit those to change it")
     runs = recipe.runs(scale_name, seeds) if runs is None else runs
     names = [r.name for r in runs]
     if len(set(names)) != len(names):
@@ -251,10 +310,16 @@ def plan(recipe: Recipe, scale_name: str, extra: dict[str, Any] | None = None,
     steps: dict[str, int] = {}
     for r in planned:
         budget = scale.tokens if scale.tokens is not None else scale.tokens_per_param * r.params
+        r.budget_steps = None if steps_override else math.ceil(budget / (r.global_batch * r.seq_len))
+        r.step_multiple = None if steps_override else multiple
         need = multiple * math.ceil(budget / (r.global_batch * r.seq_len) / multiple)
         steps[r.model_label] = steps_override or max(steps.get(r.model_label, 0), need)
+    set_by_recipe = set(recipe.set) | set(scale.set) | varied | set(extra or {})
+    own = {}
     for r in planned:
-        finish(r, scale, steps[r.model_label])
+        if r.config not in own:
+            own[r.config] = config_keys(r.config)
+        finish(r, scale, steps[r.model_label], set_by_recipe | own[r.config])
     for r in planned:
         if r.epochs is not None and r.epochs > limit * (1 + 1e-9):
             raise ConfigError(
@@ -300,6 +365,15 @@ def eps_warnings(recipe: Recipe, runs: list[PlannedRun]) -> list[str]:
     return []
 
 
+def _rounding(r: PlannedRun) -> str:
+    """How the token budget's steps became the run's."""
+    if r.budget_steps is None or r.budget_steps == r.steps:
+        return ""
+    why = f"rounded up to a multiple of {r.step_multiple}" if r.steps == r.step_multiple * math.ceil(
+        r.budget_steps / r.step_multiple) else f"the most any run of {r.model_label} needs, rounded to {r.step_multiple}"
+    return f" (the budget needs {r.budget_steps}: {why})"
+
+
 def format_plan(recipe: Recipe, scale: str, runs: list[PlannedRun]) -> str:
     seeds = sorted({r.seed for r in runs if r.seed is not None})
     lines = [f"recipe {recipe.name} ({recipe.figure}), scale {scale}: {len(runs)} runs"
@@ -311,12 +385,14 @@ def format_plan(recipe: Recipe, scale: str, runs: list[PlannedRun]) -> str:
             f"    params {r.params / 1e6:.3g}M ({r.params_non_embedding / 1e6:.3g}M non-embedding"
             + (f", {r.active_params / 1e6:.3g}M active" if r.active_params else "") + ")"
             + f"  tokens {r.tokens / 1e6:.4g}M = {r.tokens_per_param:.1f}/param{corpus}",
-            f"    steps {r.steps} x {r.global_batch} seq x {r.seq_len}  ≈ "
+            f"    steps {r.steps} x {r.global_batch} seq x {r.seq_len}{_rounding(r)}  ≈ "
             + (f"{r.cpu_hours * 60:.3g} CPU-minutes" if scale == "tiny" else f"{r.gpu_hours:.3g} GPU-hours"),
             f"    ε / σ²(h) at init = {r.norm_eps:g} / {r.hidden_var:.3g} = {r.eps_ratio:.3g}"
             + (" (ε-DOMINATED" if r.eps_dominated else f" (ε negligible: <= {EPS_DOMINANCE:g}")
             + f"; σ²(h) at {r.hidden_var_site}, the smallest norm input)",
             "    overrides " + " ".join(f"--{k} {_cli(v)}" for k, v in r.overrides.items()),
+            "    set by the plan (nobody else set them): "
+            + ", ".join(f"{k} = {_cli(r.overrides[k])}" for k in r.plan_set),
         ]
     lines.append(cost_line(recipe.scale(scale), runs))
     lines += eps_warnings(recipe, runs)

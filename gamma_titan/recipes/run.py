@@ -42,28 +42,39 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
 
 def plan_recipe(name: str, scale: str, out: str | None = None, overrides: list[str] | None = None,
                 steps: int | None = None, seeds: list[int] | None = None,
-                allow_epochs: float | None = None) -> Planned:
+                allow_epochs: float | None = None, site=None) -> Planned:
     """Every check before anything runs: the recipe, each run's config at its world size, OUT.
-    A tuned recipe is planned as far as the results in OUT take its searches."""
+    A tuned recipe is planned as far as the results in OUT take its searches. `site`: the
+    SLURM settings (gamma_titan/slurm/site.Site) for --launcher slurm."""
     recipe = load_recipe(name)
     out_dir = Path(out) if out else Path("runs") / f"{recipe.name}-{scale}"
     if recipe.tune_for(scale) is not None:
-        return TunedPlanner(recipe, scale, out_dir, parse_overrides(overrides or []), steps, seeds,
-                            allow_epochs).plan()
-    runs = plan(recipe, scale, parse_overrides(overrides or []), steps, seeds, allow_epochs)
-    record = plan_record(recipe, scale, runs)
-    check_out(out_dir, record)
-    return Planned(recipe, scale, runs, out_dir, record)
+        planned = TunedPlanner(recipe, scale, out_dir, parse_overrides(overrides or []), steps, seeds,
+                               allow_epochs).plan()
+    else:
+        runs = plan(recipe, scale, parse_overrides(overrides or []), steps, seeds, allow_epochs)
+        record = plan_record(recipe, scale, runs)
+        check_out(out_dir, record)
+        planned = Planned(recipe, scale, runs, out_dir, record)
+    planned.site = site
+    return planned
 
 
 def run_recipe(name: str, scale: str, launcher: str = "local", dry_run: bool = False, out: str | None = None,
                jobs: int = 1, overrides: list[str] | None = None, steps: int | None = None,
-               seeds: list[int] | None = None, allow_epochs: float | None = None) -> int:
+               seeds: list[int] | None = None, allow_epochs: float | None = None, site=None) -> int:
     if launcher not in ("local", "slurm"):
         raise ConfigError(f"--launcher {launcher}: allowed local, slurm")
     if jobs < 1:
         raise ConfigError(f"--jobs {jobs}: must be >= 1")
-    return execute(plan_recipe(name, scale, out, overrides, steps, seeds, allow_epochs), launcher, dry_run, jobs)
+    if site is not None and launcher != "slurm":
+        raise ConfigError("the SLURM settings (--site, --partition, --account, ...) go with --launcher slurm")
+    if launcher == "slurm" and site is None:
+        from gamma_titan.slurm.site import load_site
+
+        site = load_site(None)  # $GAMMA_TITAN_SLURM_SITE, if set
+    return execute(plan_recipe(name, scale, out, overrides, steps, seeds, allow_epochs, site), launcher, dry_run,
+                   jobs)
 
 
 __all__ = ["execute", "parse_overrides", "plan_recipe", "run_recipe"]

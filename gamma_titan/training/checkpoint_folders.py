@@ -6,7 +6,8 @@ bytes `.metadata` says it holds: `damage`) is passed over for the newest intact 
 (`newest_intact`). At start-up, incomplete folders are reported; keep-last-K counts and deletes only complete
 ones, so it never removes the only complete checkpoint (TorchTitan's own purge counts
 every step-N folder). Used by the CheckpointManager subclass (checkpoint.py), pre-flight
-and the tools, none of which needs a manager to ask.
+and the tools, none of which needs a manager to ask; reading the steps imports no torch (the
+SLURM job's own steps and `gamma-titan status` ask it).
 """
 
 from __future__ import annotations
@@ -14,9 +15,6 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-
-import torch.distributed as dist
-from torchtitan.tools.logging import logger
 
 from gamma_titan.files import STEP_FOLDER, step_folder
 
@@ -78,6 +76,8 @@ def is_hf_export(folder: Path) -> bool:
 
 def report_incomplete_checkpoints(folder: str | os.PathLike) -> list[int]:
     """Log the checkpoint folders a killed save left behind (they are never loaded)."""
+    from torchtitan.tools.logging import logger
+
     complete, incomplete = checkpoint_steps(folder)
     if incomplete:
         logger.warning(
@@ -93,6 +93,8 @@ def purge_keeping_complete(checkpointer) -> None:
     newest `keep_latest_k` complete checkpoints; delete older complete ones and the
     incomplete ones older than the newest complete (a newer incomplete one may be a save
     still in flight)."""
+    import torch.distributed as dist
+
     if checkpointer.keep_latest_k <= 0 or dist.get_rank() != 0 or not os.path.isdir(checkpointer.folder):
         return
     complete, incomplete = checkpoint_steps(checkpointer.folder)

@@ -19,6 +19,8 @@ import threading
 
 from torchtitan.tools.logging import logger
 
+from gamma_titan.training import start_signals
+
 
 class GracefulStop:
     """SIGTERM sets a flag; the trainer checkpoints at the end of the step and exits 0.
@@ -26,8 +28,8 @@ class GracefulStop:
 
     EXIT_TIMEOUT = 128 + signal.SIGTERM
 
-    EXIT_INTERRUPTED = 128 + signal.SIGINT
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    EXIT_INTERRUPTED = start_signals.EXIT_INTERRUPTED
+    SIGNALS = start_signals.SIGNALS
 
     def __init__(self, grace_seconds: float):
         self.grace_seconds = grace_seconds
@@ -40,6 +42,9 @@ class GracefulStop:
         if self._previous or threading.current_thread() is not threading.main_thread():
             return  # installed already (before the trainer was built), or not ours to install
         self._previous = {sig: signal.signal(sig, self._on_sigterm) for sig in self.SIGNALS}
+        early = start_signals.take()  # one that came while this rank started up (start_signals.py)
+        if early is not None:
+            self._on_sigterm(early, None)
 
     def uninstall(self) -> None:
         self.done.set()

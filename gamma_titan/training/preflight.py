@@ -27,16 +27,17 @@ def global_batch_size(training, data_parallel_degree: int) -> int:
     return pinned if pinned > 0 else training.local_batch_size * data_parallel_degree
 
 
-def check_parallelism(config, world_size: int, args) -> None:
+def check_parallelism(config, world_size: int, args, cuda: bool | None = None) -> None:
     """The layout (training/layout.py: one line naming a layout that works), then what it
-    needs of the other keys."""
+    needs of the other keys; `cuda`: whether the ranks have GPUs (default: this machine)."""
     from gamma_titan.training.layout import LayoutRules
     from gamma_titan.training.pipeline import check_pipeline
 
     p = config.parallelism  # each degree is an integer >= 1, or -1 where allowed (config/titan_keys.py)
-    layout = LayoutRules(args, config.model.name, cuda=torch.cuda.is_available()).resolve(p, world_size)
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    layout = LayoutRules(args, config.model.name, cuda=cuda).resolve(p, world_size)
     if layout.pp > 1:
-        check_pipeline(config, args.pipeline_blocks(), cuda=torch.cuda.is_available())
+        check_pipeline(config, args.pipeline_blocks(), cuda=cuda)
     ep = layout.ep
     ac = config.activation_checkpoint
     if ep > 1 and ac.mode == "selective" and ac.selective_ac_option == "op" and sac_replays_fsdp_hooks():
@@ -86,9 +87,10 @@ def check_context_parallel(config, layout, args) -> None:
                           f"takes {names} (\"ptrr\" reorders a flex attention block mask)")
 
 
-def check_training(config, world_size: int) -> None:
+def check_training(config, world_size: int, cuda: bool | None = None) -> None:
     """What float8 and TorchTitan's Trainer need of the machine (each key's own range is
-    gamma_titan/config/titan_keys.py's)."""
+    gamma_titan/config/titan_keys.py's); `cuda`: whether the ranks have GPUs (default: this
+    machine)."""
     custom = config.experimental.custom_import
     if custom and not _importable(custom):  # TorchTitan's Trainer imports it
         raise ConfigError(f"experimental.custom_import = {custom!r}: no such module on this Python's path")
@@ -103,7 +105,7 @@ def check_training(config, world_size: int) -> None:
     csv = config.parallelism.pipeline_parallel_schedule_csv
     if csv and not os.path.isfile(csv):
         raise ConfigError(f"parallelism.pipeline_parallel_schedule_csv = {csv!r}: no such file")
-    cuda = torch.cuda.is_available()
+    cuda = torch.cuda.is_available() if cuda is None else cuda
     prof = config.profiling
     for key, asked in (("profiling.enable_profiling", prof.enable_profiling),
                        ("profiling.enable_memory_snapshot", prof.enable_memory_snapshot)):
@@ -134,12 +136,12 @@ def check_training(config, world_size: int) -> None:
         raise ConfigError("checkpoint.create_seed_checkpoint = true runs on one process (TorchTitan's rule); "
                           f"this launch has {world_size}")
     converters = config.model.converters
-    if any(c.endswith(".mx") for c in converters) and not _cuda_capability((10, 0)):
+    if any(c.endswith(".mx") for c in converters) and not _cuda_capability((10, 0), cuda):
         raise ConfigError(f"model.converters = {converters}: MX training needs an SM100 (Blackwell) GPU "
                           "(TorchTitan's rule); use quantize.linear.float8")
     if "quantize.grouped_mm.float8" in converters:
         p = config.parallelism
-        if not _cuda_capability((8, 9)):
+        if not _cuda_capability((8, 9), cuda):
             raise ConfigError("model.converters: quantize.grouped_mm.float8 needs an SM89+ GPU (TorchTitan's float8 MoE "
                               "training has no emulation)")
         if p.pipeline_parallel_degree > 1 or p.context_parallel_degree > 1:
@@ -148,7 +150,7 @@ def check_training(config, world_size: int) -> None:
     if FLOAT8_LINEAR in converters:
 
         compiled = config.compile.enable and "model" in config.compile.components
-        if not _cuda_capability((8, 9)):
+        if not _cuda_capability((8, 9), cuda):
             recipe = config.quantize.linear.float8.recipe_name
             if recipe is not None:
                 raise ConfigError(f"quantize.linear.float8.recipe_name = {recipe!r} needs an SM89+ GPU (TorchTitan "
@@ -162,8 +164,13 @@ def check_training(config, world_size: int) -> None:
                                   "(quantize.linear.float8.emulate)")
 
 
-def _cuda_capability(least: tuple[int, int]) -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= least
+def _cuda_capability(least: tuple[int, int], cuda: bool) -> bool:
+    """Whether the ranks' GPUs are at least of compute capability `least`. For GPUs elsewhere
+    (a job submitted from a login node) it is taken that they are: each rank checks again on
+    its own GPU before it trains."""
+    if not cuda:
+        return False
+    return torch.cuda.get_device_capability() >= least if torch.cuda.is_available() else True
 
 
 def _importable(module: str) -> bool:
@@ -477,11 +484,13 @@ def finished_run(config) -> str | None:
             "--training.steps to extend")
 
 
-def preflight(config, world_size: int | None = None, local_world_size: int | None = None):
+def preflight(config, world_size: int | None = None, local_world_size: int | None = None,
+              cuda: bool | None = None):
     """Settings derived from the world size (gamma_titan/training/derive.py), then every check that
     can run before training starts; returns (spec, model args). `world_size` defaults to
     torchrun's WORLD_SIZE, `local_world_size` (GPUs per node) to LOCAL_WORLD_SIZE, else
-    the world size (one node)."""
+    the world size (one node); `cuda`, whether the ranks have GPUs, to this machine's answer
+    (`gamma-titan submit` checks a GPU job on a login node without one)."""
     from gamma_titan.config.key_support import check_key_support
     from gamma_titan.training.derive import derive_settings
 
@@ -491,9 +500,9 @@ def preflight(config, world_size: int | None = None, local_world_size: int | Non
     spec, args = resolve_model(config)
     derive_settings(config, args, world_size, local_world_size)
     check_key_support(config, args)
-    check_training(config, world_size)
+    check_training(config, world_size, cuda)
     check_checkpoint(config)
-    check_parallelism(config, world_size, args)
+    check_parallelism(config, world_size, args, cuda)
     check_data(config, args, world_size)
     check_diagnostics(config, spec, args)
     check_resume(config, args, world_size)

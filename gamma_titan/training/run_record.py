@@ -12,7 +12,8 @@ and never touches an earlier one (a resumed run adds a folder):
                 through it), start time, working directory, host, world size, Python and
                 package versions, the project's git commit (plus whether the tree had
                 local changes), and what the run reads (`reads`: each source's weight,
-                tokens and epochs in this run, the tokenizer; gamma_titan/data/reads.py)
+                tokens and epochs in this run, the tokenizer; gamma_titan/data/reads.py),
+                and under SLURM the job and its restart count (`slurm_job`, `slurm_restart`)
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 import tomli_w
 
 from gamma_titan.data.cache import write_json_atomic
+from gamma_titan.training.run_lock import slurm_start
 
 RUNS_FOLDER = "runs"
 LAUNCH_COMMAND_ENV = "GAMMA_TITAN_LAUNCH_COMMAND"  # set by `gamma-titan train`
@@ -99,5 +101,6 @@ def write_run_record(job_config, world_size: int, argv: list[str] | None = None,
         "packages": package_versions(),
         "git": git_state(),
         "reads": reads,
+        **slurm_start(),  # the SLURM job and its restart count, where there is one
     })
     return folder

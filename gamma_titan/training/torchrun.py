@@ -11,6 +11,9 @@ SLURM `afterok` chain or a requeue script reads that as a crash. Here:
   the workers' code, 0 after a checkpoint, in one line and no traceback;
 * a stop after which a worker did not report (killed, or cut off by the grace period)
   exits 1, naming the local ranks;
+* a stop before any worker of this node started (during the rendezvous, or while the
+  workers import: each says when it starts, `write_start_report`) exits 0: there was no
+  step to checkpoint, and the newest checkpoint is the one to resume from;
 * a failed worker exits with its own exit code (3 non-finite, 4 disk full, ...) and
   torchrun's summary of the failure, without the launcher's traceback.
 
@@ -43,6 +46,13 @@ def write_stop_report(code: int, stopped_at: int | None) -> None:
     tmp.replace(Path(folder) / f"{local_rank}.json")
 
 
+def write_start_report() -> None:
+    """A worker that has started (its stop signals are kept from now on: start_signals.py)."""
+    folder = os.environ.get(STOP_REPORTS_ENV)
+    if folder and os.path.isdir(folder):
+        (Path(folder) / f"{os.environ.get('LOCAL_RANK', '0')}.started").touch()
+
+
 def read_stop_reports(folder: Path, nproc: int) -> dict[int, dict | None]:
     out = {}
     for rank in range(nproc):
@@ -53,9 +63,13 @@ def read_stop_reports(folder: Path, nproc: int) -> dict[int, dict | None]:
     return out
 
 
-def after_signal(reports: dict[int, dict | None], sig: int) -> tuple[int, str]:
-    """(exit code, line) of this node once a stop signal has ended its workers."""
+def after_signal(reports: dict[int, dict | None], sig: int, started: bool = True) -> tuple[int, str]:
+    """(exit code, line) of this node once a stop signal has ended its workers; `started`:
+    whether any of them had started."""
     name = signal.Signals(sig).name
+    if not started:
+        return 0, (f"gamma-titan: {name} before any worker of this node started: no step to checkpoint; the newest "
+                   "checkpoint is the one to resume from")
     missing = [rank for rank, r in reports.items() if r is None]
     if missing:
         code = 130 if sig == signal.SIGINT else 1
@@ -78,12 +92,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     reports = Path(tempfile.mkdtemp(prefix="gamma-titan-stop."))
     os.environ[STOP_REPORTS_ENV] = str(reports)  # the workers inherit it
+    # torchrun's own handler, from now rather than from when the workers start: a stop during
+    # the rendezvous ends in the same SignalException (the default would kill this process)
+    def stop(signum, frame):
+        raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, stop)
     try:
         run(args)
         return 0
     except SignalException as e:
         nproc = int(args.nproc_per_node) if str(args.nproc_per_node).isdigit() else len(list(reports.glob("*.json")))
-        code, line = after_signal(read_stop_reports(reports, nproc), e.sigval)
+        started = any(reports.glob("*.started"))
+        code, line = after_signal(read_stop_reports(reports, nproc), e.sigval, started)
         print(line, file=sys.stderr if code else sys.stdout, flush=True)
         return code
     except ChildFailedError as e:

@@ -22,6 +22,11 @@ tests/helpers.py), and these environment variables say what to break:
   GAMMA_TITAN_TEST_STEP_SECONDS=0.2         every training step takes at least this long (a
                                             model whose steps are as slow as a real one's, so a
                                             test can act on a run mid-way)
+  GAMMA_TITAN_TEST_ECHO_ENV=A,B             each rank prints `fault_injection: rank R env A=...`
+                                            as it loads (what reached the training processes)
+  GAMMA_TITAN_TEST_FAIL_STARTS=N:PATH       the first N starts of each rank (counted in PATH.<rank>)
+                                            exit 1 as the trainer loads this, before any step (a
+                                            start that could not reach its rendezvous store)
 """
 
 import errno
@@ -52,6 +57,19 @@ STEP_SECONDS = float(os.environ.get("GAMMA_TITAN_TEST_STEP_SECONDS", "0"))
 current_step = [0]
 
 BLIND_RANK = os.environ.get("GAMMA_TITAN_TEST_BLIND_RANK")
+
+if os.environ.get("GAMMA_TITAN_TEST_FAIL_STARTS"):
+    _times, _path = os.environ["GAMMA_TITAN_TEST_FAIL_STARTS"].split(":", 1)
+    _counter = f"{_path}.{os.environ.get('RANK', '0')}"
+    _failed = len(open(_counter).read()) if os.path.exists(_counter) else 0
+    if _failed < int(_times):
+        with open(_counter, "a") as _f:
+            _f.write("x")
+        print(f"fault_injection: failing start {_failed + 1} of rank {os.environ.get('RANK')}", flush=True)
+        os._exit(1)
+
+for _name in filter(None, os.environ.get("GAMMA_TITAN_TEST_ECHO_ENV", "").split(",")):
+    print(f"fault_injection: rank {os.environ.get('RANK')} env {_name}={os.environ.get(_name)}", flush=True)
 
 _train_step = GammaTrainer.train_step
 _finish = FileSystemWriter.finish
