@@ -9,5 +9,5 @@
   status     `gamma-titan status`
 
 Arrows point down: nothing here is imported by training/ or models/; job.py, which runs on
-the nodes, imports no torch and calls no SLURM command itself.
+the nodes, calls no SLURM command itself and imports torch only to ask what its torchrun takes.
 """
