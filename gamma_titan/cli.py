@@ -448,7 +448,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     recipe = sub.add_parser("recipe", help="the paper's experiments as sets of runs (recipes/*.toml)")
     recipe_sub = recipe.add_subparsers(dest="action", required=True)
-    recipe_run = recipe_sub.add_parser("run", help="plan, launch (local or SLURM) and report a recipe")
+    recipe_run = recipe_sub.add_parser(
+        "run", help="plan, launch (local or SLURM) and report a recipe",
+        description="Plan a recipe's runs at a scale (the steps from its token budget; the measuring frequencies "
+                    "and the checkpoint where nothing set them), check every run, then train them here or submit "
+                    "one SLURM job each. One config of your own is no recipe: `gamma-titan train CONFIG` here, "
+                    "`gamma-titan submit CONFIG` on SLURM.")
     recipe_run.add_argument("name", metavar="NAME", help="a recipe in recipes/ (see `recipe list`) or a .toml path")
     recipe_run.add_argument("--scale", required=True, choices=list(SCALES),
                             help="tiny: CPU, minutes per run; gpu: one GPU, about an hour per recipe; paper: the "

@@ -14,7 +14,7 @@ from helpers import REPO
 
 #: The numeric flags for which 0 is a meant value.
 ZERO_IS_MEANT = {("eval", "--num-fewshot"), ("pretokenize", "--val-fraction"), ("report condensation", "--steps"),
-                 ("recipe run", "--seeds")}
+                 ("recipe run", "--seeds"), ("submit", "--gpus-per-node")}  # 0 GPUs: CPU nodes
 
 
 def typed_flags(parser: argparse.ArgumentParser, path: str = "") -> dict:

@@ -139,8 +139,9 @@ MAY_IMPORT = {
     "training": {"config", "convert", "data", "diagnostics", "errors", "file_reads", "files", "init", "inspect_model",
                  "models", "progress"},
     "inspect_model": {"diagnostics", "errors", "init", "models", "training"},
+    "slurm": {"config", "errors", "file_reads", "files", "reports", "training"},
     "recipes": {"config", "data", "diagnostics", "errors", "file_reads", "files", "grid_search", "init", "models",
-                "progress", "reports", "training"},
+                "progress", "reports", "slurm", "training"},
 }
 
 

@@ -6,6 +6,7 @@ import math
 import os
 import queue
 import signal
+import socket
 from types import SimpleNamespace
 
 import pytest
@@ -336,3 +337,99 @@ def test_every_rank_takes_rank_0s_reading_of_the_run_folder_before_the_process_g
                               stdout=subprocess.PIPE, text=True) for rank in (1, 0)]  # rank 1 asks first: it waits
     outs = [p.communicate(timeout=120)[0].strip() for p in procs]
     assert [p.returncode for p in procs] == [0, 0] and outs == ["rank 0's reading"] * 2
+
+
+HOLD_SCRIPT = """
+import os, signal, sys, time
+from gamma_titan.training import start_signals
+start_signals.hold()
+for name in sys.argv[1].split(","):
+    os.kill(os.getpid(), getattr(signal, name))
+    time.sleep(0.05)
+from gamma_titan.training.graceful_stop import GracefulStop  # the seconds of imports a rank spends
+stop = GracefulStop(grace_seconds=60)
+stop.install()
+print(stop.requested, signal.Signals(stop.signal).name, flush=True)
+"""
+
+
+@pytest.mark.parametrize("signals, code, printed", [
+    ("SIGTERM", 0, "True SIGTERM"),  # kept, and the graceful stop takes it: a stop after the first step
+    ("SIGTERM,SIGTERM", 0, "True SIGTERM"),  # SLURM's signal and torchrun's echo of it: one stop
+    ("SIGINT,SIGINT", 130, ""),  # a person's second Ctrl-C while it starts: out at once
+])
+def test_a_stop_signal_while_a_rank_starts_up_is_kept_for_the_graceful_stop(tmp_path, signals, code, printed):
+    """Before start_signals, a SIGTERM during a rank's imports and pre-flight killed it
+    without a word, and its node's torchrun reported a failure (exit 1): the issue's
+    time-limit job whose stop landed on a start."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "hold.py"
+    script.write_text(HOLD_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), signals], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout.strip()) == (code, printed), proc.stderr[-2000:]
+
+
+def test_torchrun_stopped_during_its_rendezvous_exits_0_with_nothing_to_checkpoint(tmp_path):
+    """A stop that reaches our torchrun before any worker started (here: waiting at the
+    rendezvous for a second node that never comes) ends it with exit 0 and one line; torch's
+    own handler is installed only once the workers start, and the default one killed it."""
+    import subprocess
+    import sys
+    import time
+
+    from gamma_titan.slurm.job import free_port
+    from helpers import DEBUG_TOML
+
+    port = free_port("1")
+    proc = subprocess.Popen([sys.executable, "-m", "gamma_titan.training.torchrun", "--nnodes", "2",
+                             "--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
+                             "--rdzv_id", "lonely", "-m", "gamma_titan.train", "--job.config_file", str(DEBUG_TOML)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # its agent hosts the store once it is in the rendezvous
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.2)
+    time.sleep(1.0)
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert ("gamma-titan: SIGTERM before any worker of this node started: no step to checkpoint; the newest "
+            "checkpoint is the one to resume from") in out, out + err[-2000:]
+    assert "Traceback" not in err, err[-3000:]
+
+
+@pytest.mark.multiprocess
+def test_a_stop_while_the_worker_imports_checkpoints_its_first_step(tmp_path, builtin_assets):
+    """SIGTERM to the whole launch (as SLURM signals a job step) while the worker is still
+    importing: the worker keeps it (gamma_titan/train.py holds stop signals first thing), trains
+    its first step, checkpoints it and exits 0; its torchrun says so and exits 0."""
+    import subprocess
+    import sys
+    import time
+
+    from helpers import DEBUG_TOML, QUIET
+
+    dump = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "gamma_titan.training.torchrun", "--standalone",
+                             "--nproc_per_node", "1", "-m", "gamma_titan.train", "--job.config_file", str(DEBUG_TOML),
+                             "--job.dump_folder", str(dump), *QUIET, "--training.steps", "5",
+                             "--checkpoint.enable", "true"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # the worker exists: it holds stop signals within milliseconds
+        workers = subprocess.run(["pgrep", "-f", "-P", str(proc.pid), "gamma_titan.train"], capture_output=True,
+                                 text=True).stdout.split()
+        if workers:
+            break
+        time.sleep(0.05)
+    time.sleep(0.5)  # well inside the seconds it spends importing torch and TorchTitan
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, (out + err)[-4000:]
+    assert "gamma-titan: SIGTERM: every worker of this node checkpointed step 1 and exited 0" in out, (out + err)[-3000:]
+    assert (dump / "checkpoint" / "step-1" / ".metadata").is_file()

@@ -25,9 +25,24 @@ from gamma_titan.slurm.site import SITE_ENV, Site, load_site, read_site, time_mi
 TINY = REPO / "configs/dense/tiny.toml"
 
 
-def cli(*argv, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gamma_titan.cli", *map(str, argv)], cwd=cwd, capture_output=True,
-                          text=True, env={**os.environ, **(env or {})}, timeout=300)
+@pytest.fixture
+def cli(monkeypatch, capsys):
+    """`gamma-titan ...` in this process (a command's own process would import torch again):
+    run in `cwd`, with `env` added; its exit code, standard output and error."""
+
+    def run(*argv, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+        from gamma_titan.cli import main
+
+        monkeypatch.chdir(cwd)
+        for key, value in (env or {}).items():
+            monkeypatch.setenv(key, value)
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as done:
+            main([str(a) for a in argv])
+        printed = capsys.readouterr()
+        return subprocess.CompletedProcess(argv, done.value.code, printed.out, printed.err)
+
+    return run
 
 
 # --- site settings ----------------------------------------------------------------------------
@@ -227,7 +242,7 @@ def user_folder(tmp_path: Path) -> Path:
     return team
 
 
-def test_submit_dry_run_checks_the_layout_and_prints_the_script_writing_nothing(tmp_path, builtin_assets):
+def test_submit_dry_run_checks_the_layout_and_prints_the_script_writing_nothing(tmp_path, builtin_assets, cli):
     team = user_folder(tmp_path)
     done = cli("submit", "my.toml", "--nodes", "2", "--gpus-per-node", "4", "--account", "acme", "--time", "1:00:00",
                "--training.steps", "300", "--dry-run", cwd=team)
@@ -254,7 +269,8 @@ def test_submit_dry_run_checks_the_layout_and_prints_the_script_writing_nothing(
     (["my.toml", "--training.stepz", "3"], "training.stepz"),
     (["my.toml", "--nodes", "0"], "argument --nodes: 0: must be an integer >= 1"),
 ])
-def test_submit_refuses_bad_input_in_one_line_before_anything_is_written(tmp_path, builtin_assets, argv, message):
+def test_submit_refuses_bad_input_in_one_line_before_anything_is_written(tmp_path, builtin_assets, argv, message,
+                                                                          cli):
     team = user_folder(tmp_path)
     done = cli("submit", *argv, cwd=team)
     assert done.returncode == 2 and done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
@@ -262,7 +278,7 @@ def test_submit_refuses_bad_input_in_one_line_before_anything_is_written(tmp_pat
     assert sorted(p.name for p in team.iterdir()) == ["my.toml"]
 
 
-def test_submit_without_sbatch_writes_nothing(tmp_path, builtin_assets):
+def test_submit_without_sbatch_writes_nothing(tmp_path, builtin_assets, cli):
     team = user_folder(tmp_path)
     done = cli("submit", "my.toml", "--gpus-per-node", "0", cwd=team,
                env={"PATH": os.path.dirname(sys.executable)})
@@ -270,7 +286,7 @@ def test_submit_without_sbatch_writes_nothing(tmp_path, builtin_assets):
     assert sorted(p.name for p in team.iterdir()) == ["my.toml"]
 
 
-def test_status_without_slurm_reads_the_run_folder(tmp_path):
+def test_status_without_slurm_reads_the_run_folder(tmp_path, cli):
     """A run trained by `gamma-titan train` (no job), and one a job wrote records into, read
     where there is no scontrol: each says what it can."""
     run = tmp_path / "run"

@@ -131,7 +131,10 @@ stop_before_time_limit() {{  # SIGUSR1 to this script $1 s before the job's end 
 }}
 
 nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))
-offset=$(GAMMA_TITAN_JOB="$(scontrol show job "$SLURM_JOB_ID")" helper start "$RUN_DIR" {job.grace_seconds:g})
+offset=$(GAMMA_TITAN_JOB="$(scontrol show job "$SLURM_JOB_ID")" helper start "$RUN_DIR" {job.grace_seconds:g}) || {{
+    echo "gamma-titan: job $SLURM_JOB_ID: $PYTHON -m {JOB_HELPER} did not run on $(hostname -s): the nodes need gamma-titan's Python (the site file's python, setup or container)"
+    exit 1
+}}
 timer=
 if [ -n "$offset" ] && [ "$offset" != none ]; then
     stop_before_time_limit "$offset" &

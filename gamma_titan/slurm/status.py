@@ -47,9 +47,9 @@ def _when(iso: str | None) -> str:
 
 def job_line(run_dir: Path) -> tuple[str, bool]:
     """The SLURM line of a run, and whether its job is live (pending or running)."""
-    submitted = records.jobs(run_dir)
+    submitted = [r["job"] for r in records.jobs(run_dir) if r.get("job")]
     started = [r["job"] for r in records.starts(run_dir) if r.get("job")]
-    known = [r["job"] for r in submitted] + [j for j in started if j not in [r["job"] for r in submitted]]
+    known = submitted + [j for j in started if j not in submitted]  # a script submitted by hand: its starts
     if not known:
         return "SLURM: no job (never submitted with gamma-titan submit or recipe run --launcher slurm)", False
     job = known[-1]
@@ -128,9 +128,9 @@ def status(path: str) -> int:
         from gamma_titan.file_reads import read_json
         from gamma_titan.files import RECIPE_RECORD_HINT
 
-        runs = read_json(plan, RECIPE_RECORD_HINT, keys=("runs",))["runs"]
-        names = [r.get("name") for r in runs if isinstance(r, dict) and r.get("name")]
-        print(f"{root}: recipe {read_json(plan, RECIPE_RECORD_HINT).get('recipe')}, {len(names)} runs")
+        record = read_json(plan, RECIPE_RECORD_HINT, keys=("runs",))
+        names = [r.get("name") for r in record["runs"] if isinstance(r, dict) and r.get("name")]
+        print(f"{root}: recipe {record.get('recipe')}, {len(names)} runs")
         for name in names:
             print("\n".join(run_status(root / name)))
         return 0

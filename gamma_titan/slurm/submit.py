@@ -77,7 +77,7 @@ def plan_job(request: Request, argv: list[str]) -> tuple[JobSpec, Site, object]:
     config = load_job_config(train_argv)
     world = request.nodes * ranks
     try:
-        preflight(config, world_size=world, local_world_size=ranks, cuda=True if gpus else None)
+        preflight(config, world_size=world, local_world_size=ranks, cuda=bool(gpus))
     except ConfigError as e:
         raise ConfigError(f"at {request.nodes} node(s) x {ranks} rank(s): {e}") from None
     dump = Path(config.job.dump_folder).resolve()

@@ -12,6 +12,7 @@
   checkpoint    GammaCheckpointManager: TorchTitan's, with the rules a multi-week run needs
   step_guard    the non-finite step guard and loss spikes ([gamma.reliability])
   graceful_stop SIGTERM or Ctrl-C: finish the step, checkpoint it, exit 0 (or 143 after the grace period)
+  start_signals a stop signal while a rank starts up: kept for the graceful stop, not fatal
   checkpoint_folders  which checkpoints a folder holds and where they stood; keep-last-K over complete ones
   metrics       metrics.jsonl and TensorBoard: TorchTitan's logs plus diagnostics, MoE load, progress
   console       train.log in the run folder, colour only for a terminal, CPU noise, the last lines
