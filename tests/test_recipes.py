@@ -184,7 +184,8 @@ def check_sbatch_script(path: Path, run, out: Path) -> None:
     assert "#SBATCH --ntasks-per-node=1\n" in text and "#SBATCH --requeue\n" in text
     assert 'nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))' in text  # head node from the node list
     # the rendezvous: a free port found on the head node, an id of its own per start and attempt
-    assert 'helper rendezvous "$(node_addr "${nodes[0]}")"' in text
+    assert 'helper rendezvous "$(node_addr "$head")" "$other"' in text and 'head="$SLURMD_NODENAME"' in text
+    assert 'export GAMMA_TITAN_RDZV_HOST="$SLURMD_NODENAME"' in text  # the head hosts the store, or fails
     assert '--rdzv_endpoint="$rdzv_addr:$rdzv_port"' in text and '--rdzv_id="$rdzv_id"' in text
     assert '--nnodes="$SLURM_JOB_NUM_NODES"' in text
     assert f"--nproc_per_node={run.gpus_per_node}" in text and f"-m {TORCHRUN} " in text

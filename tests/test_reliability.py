@@ -382,7 +382,7 @@ def test_torchrun_stopped_during_its_rendezvous_exits_0_with_nothing_to_checkpoi
     from gamma_titan.slurm.job import free_port
     from helpers import DEBUG_TOML
 
-    port = free_port("1")
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "gamma_titan.training.torchrun", "--nnodes", "2",
                              "--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
                              "--rdzv_id", "lonely", "-m", "gamma_titan.train", "--job.config_file", str(DEBUG_TOML)],
@@ -433,3 +433,30 @@ def test_a_stop_while_the_worker_imports_checkpoints_its_first_step(tmp_path, bu
     assert proc.returncode == 0, (out + err)[-4000:]
     assert "gamma-titan: SIGTERM: every worker of this node checkpointed step 1 and exited 0" in out, (out + err)[-3000:]
     assert (dump / "checkpoint" / "step-1" / ".metadata").is_file()
+
+
+def test_the_head_node_hosts_the_rendezvous_store_or_fails(tmp_path):
+    """Where a job script names the store's host (GAMMA_TITAN_RDZV_HOST, that node's
+    SLURMD_NODENAME), a port another process holds makes the head's torchrun fail at once, a
+    start the job tries again with a new port. torchrun's own guess (the endpoint is this
+    machine's address) joined whatever listened there as a client: another job's store, whose
+    end later broke this job's rendezvous ("Failed to recv, got 0 bytes")."""
+    import subprocess
+    import sys
+
+    from gamma_titan.slurm.job import free_port
+    from gamma_titan.training.torchrun import RDZV_HOST_ENV
+    from helpers import DEBUG_TOML
+
+    port = free_port()
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", port))
+        held.listen()
+        proc = subprocess.run([sys.executable, "-m", "gamma_titan.training.torchrun", "--nnodes", "1",
+                               "--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
+                               "--rdzv_id", "mine", "-m", "gamma_titan.train", "--job.config_file", str(DEBUG_TOML)],
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, RDZV_HOST_ENV: "n1", "SLURMD_NODENAME": "n1"})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "RendezvousConnectionError" in proc.stderr and "address already in use" in proc.stderr.lower(), \
+        proc.stderr[-3000:]

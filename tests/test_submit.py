@@ -191,13 +191,23 @@ def test_the_rendezvous_is_a_reachable_address_and_a_free_port_below_the_ephemer
     assert job_step.head_address("node1", "127.0.0.1") == "127.0.0.1"
     monkeypatch.undo()
     low = job_step.ephemeral_low()
-    port = job_step.free_port("4242")
+    port = job_step.free_port()
     assert job_step.RDZV_PORT_LOW <= port < low
     with socket.socket() as held:  # a port something listens on is passed over
         held.bind(("0.0.0.0", port))
         held.listen()
-        assert job_step.free_port("4242") not in (port,)
-    assert job_step.free_port("4242") != job_step.free_port("4243")  # two jobs on one node start apart
+        assert all(port < job_step.free_port(port, port + 16) < port + 16 for _ in range(20))
+    # two jobs starting on one node at once: apart (12,768 ports from a random place)
+    assert len({job_step.free_port() for _ in range(8)}) > 1
+
+
+def test_the_store_is_hosted_by_the_head_node_only():
+    from gamma_titan.training.torchrun import with_store_host
+
+    assert with_store_host("", "n1", "n1") == "is_host=1"
+    assert with_store_host("read_timeout=120", "n1", "n2") == "read_timeout=120,is_host=0"
+    assert with_store_host("is_host=0", "n1", "n1") == "is_host=0"  # a user's own word stands
+    assert with_store_host("", None, "n1") == ""  # no job script named the host: torchrun's guess
 
 
 def test_after_stop_records_each_start_and_how_it_ended(tmp_path, monkeypatch, capsys):

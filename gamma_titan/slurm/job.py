@@ -1,7 +1,7 @@
 """Inside a SLURM job: the steps the job script (script.py) runs around training.
 
     python -m gamma_titan.slurm.job start RUN_DIR GRACE_SECONDS
-    python -m gamma_titan.slurm.job rendezvous HEAD_NODE_ADDR [OTHER_NODE_ADDR] JOB_ID
+    python -m gamma_titan.slurm.job rendezvous HEAD_NODE_ADDR [OTHER_NODE_ADDR]
     python -m gamma_titan.slurm.job after-stop RUN_DIR SIGNAL CODE ATTEMPT
 
 The job's `scontrol show job` comes in $GAMMA_TITAN_JOB (the script asks SLURM, so that these
@@ -12,7 +12,8 @@ start       the start line (job, start, nodes, time limit, when the stop begins)
             record (records.py); prints the seconds before the end time at which the script
             signals itself (SIGUSR1), or "none" without a time limit: what the stop needs
             (torchrun's shutdown timeout: the grace period + 60 s), at most half the limit.
-rendezvous  on the head node: its address and a free port below the kernel's ephemeral range.
+rendezvous  on the head node: its address and a free port below the kernel's ephemeral range
+            (which the script hands to torchrun, whose head hosts the store there or fails).
 after-stop  the verdict, one line, and the end's record:
               finished            the run reached training.steps: the job ends COMPLETED
               cancelled           scancel JOBID (or SLURM ending it): it stays stopped
@@ -34,6 +35,7 @@ import errno
 import ipaddress
 import math
 import os
+import random
 import re
 import socket
 import sys
@@ -174,15 +176,16 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def free_port(job_id: str, low: int = RDZV_PORT_LOW, high: int | None = None) -> int:
+def free_port(low: int = RDZV_PORT_LOW, high: int | None = None) -> int:
     """A port nothing holds on this node, in [low, the ephemeral range), looked for from a
-    place the job id picks (two jobs sharing a node start apart)."""
+    random place: two jobs starting on one node at the same moment (each checking before
+    the other binds) rarely pick the same one, and when they do, the head's torchrun fails to
+    host its store (it hosts it or fails: training/torchrun.py) and the start is tried again."""
     high = ephemeral_low() if high is None else high
     if high - low < 16:
         low, high = 1024, high  # a site that moved its ephemeral range down: whatever is below it
     span = high - low
-    digits = int(re.sub(r"\D", "", job_id) or 0)
-    first = (digits * 7919 + restart_count() * 104729) % span
+    first = random.SystemRandom().randrange(span)
     for i in range(span):
         port = low + (first + i) % span
         if _port_free(port):
@@ -190,8 +193,8 @@ def free_port(job_id: str, low: int = RDZV_PORT_LOW, high: int | None = None) ->
     raise RuntimeError(f"no free port in [{low}, {high}) on {socket.gethostname()}")
 
 
-def rendezvous(node_addr: str, other_addr: str | None, job_id: str) -> str:
-    return f"{head_address(node_addr, other_addr)} {free_port(job_id)}"
+def rendezvous(node_addr: str, other_addr: str | None) -> str:
+    return f"{head_address(node_addr, other_addr)} {free_port()}"
 
 
 # --- after-stop -----------------------------------------------------------------------------
@@ -266,12 +269,11 @@ def after_stop(run_dir: Path, signal: str, code: int, attempt: int, fields: dict
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     usage = ("usage: python -m gamma_titan.slurm.job start RUN_DIR GRACE_SECONDS | rendezvous HEAD_ADDR [OTHER_ADDR] "
-             "JOB_ID | after-stop RUN_DIR SIGNAL CODE ATTEMPT")
+             "| after-stop RUN_DIR SIGNAL CODE ATTEMPT")
     if argv[:1] == ["start"] and len(argv) == 3:
         print(start(Path(argv[1]), float(argv[2]), job_fields()))
-    elif argv[:1] == ["rendezvous"] and len(argv) in (3, 4):
-        other = argv[2] if len(argv) == 4 and argv[2] else None
-        print(rendezvous(argv[1], other, argv[-1]))
+    elif argv[:1] == ["rendezvous"] and len(argv) in (2, 3):
+        print(rendezvous(argv[1], argv[2] if len(argv) == 3 and argv[2] else None))
     elif argv[:1] == ["after-stop"] and len(argv) == 5:
         print(after_stop(Path(argv[1]), argv[2], int(argv[3]), int(argv[4]), job_fields()))
     else:

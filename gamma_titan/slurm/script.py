@@ -12,7 +12,8 @@ script does, in order:
    TimeLimit` are both followed) is the stop's time away, at most half the limit.
 3. The rendezvous: the head node's address (SLURM's NodeAddr, a non-loopback one) and a free
    port below the kernel's ephemeral range, found there (`job.py rendezvous`), and a
-   rendezvous id of its own per attempt; both logged.
+   rendezvous id of its own per attempt; both logged. The head node's torchrun hosts the
+   store or fails (never joins another job's store on the same port); the others connect.
 4. srun, in a session of its own (srun kills its tasks on a SIGTERM of its own; `scancel
    --full` signals the script's process group, which setsid leaves srun out of).
 5. `job.py after-stop`: the verdict, one line, and the record of how the start ended; the
@@ -33,6 +34,7 @@ from pathlib import Path
 
 from gamma_titan.slurm.site import Site
 from gamma_titan.training.launch import TORCHRUN, shutdown_timeout
+from gamma_titan.training.torchrun import RDZV_HOST_ENV
 
 #: Each log line's prefix: srun's --label gives the node ("1: "), torchrun this (the global
 #: and the local rank of the worker that wrote it).
@@ -92,6 +94,7 @@ RUN_DIR={_q(job.run_dir)}
 here={here}  # this node's {python}{' in the container' if container or prefix else ''}
 export GAMMA_TITAN_LAUNCH_COMMAND={_q(job.launch_command)}
 export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE={_q(LOG_PREFIX)}
+export {RDZV_HOST_ENV}="$SLURMD_NODENAME"  # the store's host: this node, the allocation's first (torchrun.py)
 # torchrun waits this long for its workers' stop before SIGKILL (a torchrun that reads it: torch >= 2.13)
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT={shutdown_timeout(job.grace_seconds)}
 mkdir -p "$RUN_DIR/slurm"
@@ -141,14 +144,16 @@ if [ -n "$offset" ] && [ "$offset" != none ]; then
     timer=$!
 fi
 node_addr() {{ scontrol show node "$1" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p'; }}
-other=$([ "${{#nodes[@]}}" -gt 1 ] && node_addr "${{nodes[1]}}")
+head="$SLURMD_NODENAME"  # this script's node, the allocation's first: it hosts the rendezvous
+other=
+for node in "${{nodes[@]}}"; do [ "$node" != "$head" ] && {{ other=$(node_addr "$node"); break; }}; done
 
 attempt=1
 code=0
 while [ "$stop" = none ]; do
-    read -r rdzv_addr rdzv_port < <(helper rendezvous "$(node_addr "${{nodes[0]}}")" "${{other:-}}" "$SLURM_JOB_ID")
+    read -r rdzv_addr rdzv_port < <(helper rendezvous "$(node_addr "$head")" "$other")
     rdzv_id="$SLURM_JOB_ID.${{SLURM_RESTART_COUNT:-0}}.$attempt.$RANDOM"  # no other job's agents can join it
-    echo "gamma-titan: job $SLURM_JOB_ID: rendezvous $rdzv_id at ${{rdzv_addr:-?}}:${{rdzv_port:-?}} (head node ${{nodes[0]}})"
+    echo "gamma-titan: job $SLURM_JOB_ID: rendezvous $rdzv_id at ${{rdzv_addr:-?}}:${{rdzv_port:-?}} (head node $head)"
     [ "$stop" = none ] || break
     phase=training
     setsid srun --kill-on-bad-exit=1 --label --cpus-per-task="${{SLURM_CPUS_PER_TASK:-${{SLURM_CPUS_ON_NODE:-1}}}}" \\

@@ -33,6 +33,18 @@ from pathlib import Path
 
 #: The folder where each worker of this node writes `<local rank>.json` as it leaves.
 STOP_REPORTS_ENV = "GAMMA_TITAN_STOP_REPORTS"
+#: The node that hosts the c10d rendezvous store (SLURM's name for it; a job script sets it).
+#: torchrun otherwise guesses the host by the endpoint's address: on a node that shares it,
+#: a port already held (another job's store) makes it join that store quietly as a client.
+RDZV_HOST_ENV = "GAMMA_TITAN_RDZV_HOST"
+
+
+def with_store_host(rdzv_conf: str, host: str | None, node: str | None) -> str:
+    """torchrun's --rdzv-conf with is_host said, where the store's host is named: the host
+    binds the port or fails (a start tried again), every other node connects."""
+    if not host or not node or "is_host" in rdzv_conf:
+        return rdzv_conf
+    return ",".join(filter(None, [rdzv_conf, f"is_host={'1' if node == host else '0'}"]))
 
 
 def write_stop_report(code: int, stopped_at: int | None) -> None:
@@ -90,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.run import parse_args, run
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.rdzv_backend == "c10d":
+        args.rdzv_conf = with_store_host(args.rdzv_conf, os.environ.get(RDZV_HOST_ENV),
+                                         os.environ.get("SLURMD_NODENAME"))
     reports = Path(tempfile.mkdtemp(prefix="gamma-titan-stop."))
     os.environ[STOP_REPORTS_ENV] = str(reports)  # the workers inherit it
     # torchrun's own handler, from now rather than from when the workers start: a stop during
