@@ -243,6 +243,8 @@ def after_stop(run_dir: Path, signal: str, code: int, attempt: int, fields: dict
     why = {"USR1": "the time limit is near", "TERM": "SIGTERM", "none": "no signal to the job script"}.get(signal, signal)
     if verdict == "requeue" and preempted(fields):
         why = "preempted"
+    elif verdict == "stopped" and signal == "none":
+        why = "SIGTERM to the training: scancel --signal=TERM"  # the steps were signalled, not this script
     resume = "`sbatch` the script again (or gamma-titan submit) to resume"
     lines = {
         "finished": f"finished: {run_dir} reached step {now.target}",

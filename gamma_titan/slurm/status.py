@@ -45,27 +45,27 @@ def _when(iso: str | None) -> str:
         return "?"
 
 
-def job_line(run_dir: Path) -> tuple[str, bool]:
-    """The SLURM line of a run, and whether its job is live (pending or running)."""
+def job_line(run_dir: Path) -> tuple[str, str | None]:
+    """The SLURM line of a run, and its job's state while it is live (pending, running)."""
     submitted = [r["job"] for r in records.jobs(run_dir) if r.get("job")]
     started = [r["job"] for r in records.starts(run_dir) if r.get("job")]
     known = submitted + [j for j in started if j not in submitted]  # a script submitted by hand: its starts
     if not known:
-        return "SLURM: no job (never submitted with gamma-titan submit or recipe run --launcher slurm)", False
+        return "SLURM: no job (never submitted with gamma-titan submit or recipe run --launcher slurm)", None
     job = known[-1]
     if shutil.which("scontrol") is None:
-        return f"SLURM: job {job} (its state unknown: no scontrol here)", False
+        return f"SLURM: job {job} (its state unknown: no scontrol here)", None
     fields = scheduler.job_fields(job)
     state = fields.get("JobState")
     if not state:
-        return f"SLURM: not queued (job {job} is over; SLURM no longer lists it)", False
+        return f"SLURM: not queued (job {job} is over; SLURM no longer lists it)", None
     if state in OVER:
-        return f"SLURM: not queued (job {job}: {state})", False
+        return f"SLURM: not queued (job {job}: {state})", None
     where = f" on {fields['NodeList']}" if state == "RUNNING" and fields.get("NodeList") not in (None, "(null)") else ""
     reason = f" ({fields['Reason']})" if state == "PENDING" and fields.get("Reason") not in (None, "None") else ""
     since = f", running {fields['RunTime']}" if state == "RUNNING" and fields.get("RunTime") else ""
     restarts = int(fields.get("Restarts", "0") or 0)
-    return f"SLURM: job {job} {state}{where}{reason}{since} (start {restarts + 1})", True
+    return f"SLURM: job {job} {state}{where}{reason}{since} (start {restarts + 1})", state
 
 
 def start_lines(run_dir: Path, live: bool) -> list[str]:
@@ -96,7 +96,8 @@ def start_lines(run_dir: Path, live: bool) -> list[str]:
 
 
 def run_status(run_dir: Path) -> list[str]:
-    job, live = job_line(run_dir)
+    job, state = job_line(run_dir)
+    live = state is not None
     now = records.progress(run_dir)
     if now.step is None:
         step = "step: none logged yet" + (f" (target {now.target})" if now.target else "")
@@ -105,10 +106,12 @@ def run_status(run_dir: Path) -> list[str]:
         step = f"step {now.step} / {now.target if now.target else '?'}{share}"
     if now.target and now.step is not None and now.step >= now.target:
         eta = "done"
-    elif live and now.eta_s is not None:
+    elif state == "RUNNING" and now.eta_s is not None:
         eta = f"ETA {duration(now.eta_s)}"
     elif now.target and now.step_seconds:
-        eta = f"not running: {now.target - (now.step or 0)} steps left ≈ {duration((now.target - (now.step or 0)) * now.step_seconds)} of training"
+        left = now.target - (now.step or 0)
+        eta = (f"{'pending' if live else 'not running'}: {left} steps left ≈ {duration(left * now.step_seconds)} "
+               "of training")
     else:
         eta = "ETA unknown"
     ckpt = f"checkpoint: step {now.checkpoint}" if now.checkpoint else "checkpoint: none complete"
