@@ -26,10 +26,11 @@ sys.path.insert(0, str(_SITE))
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_SITE), str(TESTS), os.environ.get("PYTHONPATH")]))
 
 #: The slowest files, longest first (seconds measured on 2 cores, 2026-12-03: 324, 258, 229,
-#: 175, 174, 171, 133, 132, 102, 95, 76, 76, 75, 74, 66, 56). pytest-xdist's loadfile hands
-#: files to its workers in collection order: the long ones go out first and the many short
-#: files fill in at the end, so neither worker waits alone behind a long file.
-SLOWEST_FIRST = ("test_layouts.py", "test_families.py", "test_titan_runs.py", "test_gpu_check.py", "test_moe_runs.py",
+#: 175, 174, 171, 133, 132, 102, 95, 76, 76, 75, 74, 66, 56; test_slurm.py 300 on 2026-12-07).
+#: pytest-xdist's loadfile hands files to its workers in collection order: the long ones go
+#: out first and the many short files fill in at the end, so neither worker waits alone
+#: behind a long file.
+SLOWEST_FIRST = ("test_layouts.py", "test_slurm.py", "test_families.py", "test_titan_runs.py", "test_gpu_check.py", "test_moe_runs.py",
                  "test_estimate.py", "test_faults.py", "test_recipe_runs.py", "test_training.py",
                  "test_titan_bitwise.py", "test_parallel.py", "test_reliability.py", "test_faults_distributed.py",
                  "test_bench_gpu_dry_run.py", "test_bench_quick.py", "test_compile_sac.py", "test_resume.py",
