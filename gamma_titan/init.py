@@ -70,6 +70,19 @@ def canonical_name(name: str) -> str:
     return ".".join(s for s in name.split(".") if s not in _WRAPPER_SEGMENTS)
 
 
+def unwrapped(module):
+    """The module that wrappers hold (torch.compile's OptimizedModule, an activation
+    checkpoint's CheckpointWrapper, FSDP1's), however deep; the module itself where none.
+    What looks at a module by type or attribute after parallelization (TorchTitan's
+    apply_compile swaps a MoE's router for a compiled wrapper of it) looks through them."""
+    while True:
+        inner = next((getattr(module, attr) for attr in _WRAPPER_SEGMENTS
+                      if isinstance(getattr(module, attr, None), torch.nn.Module)), None)
+        if inner is None:
+            return module
+        module = inner
+
+
 #: A model's rule: parameter name and global shape -> (group, fan_in).
 InitRule = Callable[[str, tuple[int, ...]], tuple[str, "int | None"]]
 

@@ -6,7 +6,8 @@ same few launches, with no list to edit when a family is added:
 * one process (the reference; checkpointed), and again in 2 micro-batches (the tolerance);
 * FSDP 2, TP 2, PP 2 and DDP 2 in one 2-rank launch: the losses, validation loss and every
   rank's final parameters as one process's, within 25x what the micro-batches alone move
-  (as tests/test_layouts.py measures its tolerances);
+  (as tests/test_layouts.py measures its tolerances); for a family with routed experts, TP 2
+  with torch.compile too (TorchTitan's apply_compile wraps each router);
 * the live diagnostics at step 1 (sink score, residual flow, ε-domination per norm), the
   same on FSDP 2 and TP 2 as on one process;
 * the checkpoint converted to Hugging Face (`convert to-hf`), loaded by transformers with
@@ -68,7 +69,12 @@ DIAGNOSTICS = {True: ("--gamma.diagnostics.enable", "true"), False: ("--gamma.di
 #: name: (degrees, live diagnostics). The diagnostics need the whole model on a rank:
 #: pre-flight refuses them under PP.
 LAYOUTS = {"one": ({}, True), "ga2": ({}, False), "fsdp2": ({"shard": 2}, True), "tp2": ({"tp": 2}, True),
-           "pp2": ({"pp": 2}, False), "ddp2": ({"replicate": 2}, True)}
+           "tp2c": ({"tp": 2}, True), "pp2": ({"pp": 2}, False), "ddp2": ({"replicate": 2}, True)}
+#: Layouts trained with torch.compile (the eager backend: the module tree and the traced graph
+#: of a GPU run, without Inductor's compile time), and the families they are for: those with
+#: routed experts, whose router TorchTitan's apply_compile swaps for a compiled wrapper (a
+#: family without them compiles its blocks whole, which tp2 already trains the math of).
+COMPILED = {"tp2c": ("--compile.enable", "true", "--compile.backend", "eager")}
 
 
 def family_argv(family: str) -> tuple[list[str], object]:
@@ -91,9 +97,12 @@ def cases(family: str) -> tuple[dict[int, list[dict]], dict[str, str]]:
     from gamma_titan.training.layout import Layout
 
     (argv, rules), out, refused = family_argv(family), {}, {}
+    routed = "--debug.moe_force_load_balance" in argv
     for name, (degrees, diagnostics) in LAYOUTS.items():
         layout = Layout(**degrees)
         problem = rules.problem(layout)
+        if name in COMPILED and not routed:
+            problem = ("no routed experts: compile wraps no router here",)
         if problem is not None:
             refused[name] = problem[0]
             continue
@@ -101,7 +110,7 @@ def cases(family: str) -> tuple[dict[int, list[dict]], dict[str, str]]:
         case = {"name": f"{family}-{name}", "save": name == "one",
                 "reference": None if name == "one" else f"{family}-one",
                 "argv": [*argv, *layout.flags().split(), "--training.local_batch_size", str(local),
-                         *DIAGNOSTICS[diagnostics]]}
+                         *DIAGNOSTICS[diagnostics], *COMPILED.get(name, ())]}
         if name == "one":
             case["argv"] += ["--checkpoint.enable", "true", "--checkpoint.interval", str(STEPS)]
         out.setdefault(layout.world, []).append(case)
@@ -134,9 +143,10 @@ def family(request, tmp_path_factory, builtin_assets) -> dict:
 
 
 def trained(family: dict, layout: str) -> dict:
-    """The layout's run, or a skip naming why pre-flight refuses it here."""
+    """The layout's run, or a skip naming why pre-flight refuses it here (or why it is not
+    the family's)."""
     if layout in family["refused"]:
-        pytest.skip(f"{family['name']} {layout}: refused on this machine: {family['refused'][layout]}")
+        pytest.skip(f"{family['name']} {layout}: not trained here: {family['refused'][layout]}")
     return family["runs"][layout]
 
 
@@ -148,7 +158,7 @@ def val_losses(run: dict) -> list[tuple[int, float]]:
     return [(r["step"], r["val_loss"]) for r in run["records"] if "val_loss" in r]
 
 
-@pytest.mark.parametrize("layout", ["fsdp2", "tp2", "pp2", "ddp2"])
+@pytest.mark.parametrize("layout", ["fsdp2", "tp2", "tp2c", "pp2", "ddp2"])
 def test_two_ranks_train_the_model_one_process_trains(family, layout):
     ref, run, tol = family["runs"]["one"], trained(family, layout), family["tolerance"]
     assert len(losses(ref)) == STEPS and losses(ref)[-1] < losses(ref)[0]
@@ -177,7 +187,7 @@ def diagnostics(run: dict) -> dict[str, float]:
             if k.startswith("gamma/") and k != "gamma/diagnostics_seconds"}
 
 
-@pytest.mark.parametrize("layout", ["fsdp2", "tp2", "ddp2"])
+@pytest.mark.parametrize("layout", ["fsdp2", "tp2", "tp2c", "ddp2"])
 def test_the_live_diagnostics_match_one_process(family, layout):
     """At step 1: the sink score, the residual flow read at the blocks' boundaries and the
     ε-domination at every norm, wherever the block puts its norms."""

@@ -61,3 +61,59 @@ def test_a_rank_that_does_not_yet_see_the_checkpoint_resumes_where_rank_0_does(t
     assert "Loading the checkpoint from" in resumed.stdout + resumed.stderr
     expected = {r["step"]: r["loss"] for r in read_metrics(reference)}
     assert [(r["step"], r["loss"]) for r in read_metrics(dump)] == [(s, expected[s]) for s in [1, 2, 3, 4, 5, 6, 7, 8]]
+
+
+def test_a_failure_on_rank_1_prints_its_traceback_once(tmp_path, builtin_assets):
+    """The launch `gamma-titan train --nproc 2` makes (torchrun with --local-ranks-filter=0:
+    rank 1's own output is not shown), rank 1 failing outside TorchTitan's recorded Trainer
+    methods (as the trainer closes): torchrun's summary names it with its traceback, once.
+    Before gamma_titan.training.main.main was recorded: `error_file: <N/A>` and no traceback."""
+    import os
+    import subprocess
+
+    from gamma_titan.training.launch import torchrun_command
+    from helpers import DEBUG_TOML, REPO
+
+    argv = ["--job.config_file", str(DEBUG_TOML), "--job.dump_folder", str(tmp_path / "run"), *FAST,
+            "--training.steps", "2", *FAULT_INJECTION]
+    command, env = torchrun_command(2, argv, 300, threads=1)
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**env, **faults(fail_in_close_rank="1"), "PYTHONPATH": faults()["PYTHONPATH"]})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "--local-ranks-filter" in command, command
+    assert out.count("RuntimeError: fault_injection: rank 1 fails as the trainer closes") == 1, out[-4000:]
+    root = out.split("Root Cause (first observed failure):")[1]  # (rank 0, SIGTERM'd by torchrun, is listed above)
+    assert "rank      : 1 (local_rank: 1)" in root and "error_file: <N/A>" not in root, root
+    assert "traceback : Traceback (most recent call last):" in root and "in close\n" in root, root
+
+
+def test_a_save_slower_than_the_training_timeout_completes_and_so_does_a_stops(tmp_path, builtin_assets):
+    """2 gloo ranks with comm.train_timeout_seconds = 3 (TorchTitan sets every group to it after
+    step 1), rank 0's save held 8 s before its .metadata (a slow writer on a shared file
+    system): the save at step 2 completes; a SIGTERM stop's save, held as long, completes and
+    the run exits 0. Before: exit 1, DCP's all_reduce("write") "Timed out waiting 3000ms",
+    step-2 left without .metadata."""
+    import shutil
+
+    from test_faults import sigterm_after_three_steps
+    from helpers import trainer_command
+
+    dump = tmp_path / "run"
+    run = (*FAST, "--checkpoint.enable", "true", "--checkpoint.interval", "1000", "--comm.train_timeout_seconds", "3",
+           *FAULT_INJECTION)
+    done = run_trainer(dump, *run, "--training.steps", "2", nproc=2, check=False, env=faults(save_delay=8))
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert complete_steps(dump) == ([2], []) and "Timed out" not in out
+    # the stop's save, held as long, in the same run resumed (in a folder of its own: the helper
+    # signals once three steps are logged there)
+    resumed = tmp_path / "resumed"
+    shutil.copytree(dump / "checkpoint", resumed / "checkpoint")
+    command, env = trainer_command(resumed, *run, "--training.steps", "400", nproc=2,
+                                   env=faults(save_delay=8, step_seconds=0.2))
+    code, out = sigterm_after_three_steps(command, env, resumed, tmp_path / "log.txt", timeout=180)
+    assert code == 0 and "Traceback" not in out and "Timed out" not in out, out[-4000:]
+    last = read_metrics(resumed)[-1]["step"]
+    assert complete_steps(resumed) == ([2, last], []) and last > 2
+    assert f"gamma-titan: SIGTERM: every worker of this node checkpointed step {last}" in out

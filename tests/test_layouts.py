@@ -78,6 +78,12 @@ SCHEDULES = {"dense": ("GPipe", "Interleaved1F1B", "LoopedBFS", "InterleavedZero
              "moe_mha": ("Interleaved1F1B",), "moe_mla": ("ZBVZeroBubble",)}
 #: Past this the enumeration stops (the issue: "on ≤ 8 ranks").
 MAX_WORLD = 8
+#: TP 2 compiled as well (the eager backend: the module tree and traced graphs of a GPU run),
+#: with the live diagnostics: TorchTitan's apply_compile wraps a MoE block's attention, router
+#: and shared experts one by one, and the probe hooked a compiled attention twice, once
+#: before its TP input hooks (a crash under TP). One MoE family: the wrapping is the same.
+COMPILED = ("moe_mla",)
+COMPILE = ("--compile.enable", "true", "--compile.backend", "eager")
 
 
 def family_argv(family: str) -> list[str]:
@@ -189,13 +195,15 @@ def cases() -> list[dict]:
                 variants[f"{name}-no_loss_parallel"] = [*variants[name], "--parallelism.disable_loss_parallel", "true"]
             if kind == ("shard", "ep"):
                 variants[f"{name}-grouped"] = [*variants[name], "--model_args.expert_kernel", "grouped"]
+            if kind == ("tp",) and family in COMPILED:
+                variants[f"{name}-compiled"] = [*variants[name], *COMPILE]
             if kind == ("pp",):
                 for schedule in SCHEDULES.get(family, ()):
                     variants[f"{name}-{schedule}"] = [*variants[name], "--parallelism.pipeline_parallel_schedule",
                                                       schedule]
             for variant, extra in variants.items():
                 # the diagnostics need the whole model on a rank: refused under PP (pre-flight)
-                measured = variant == name and layout.world == 2 and layout.pp == 1
+                measured = variant in (name, f"{name}-compiled") and layout.world == 2 and layout.pp == 1
                 out.append({"name": variant, "family": family, "world": layout.world, "kind": kind,
                             "diagnostics": measured, "argv": [*argv, *extra, *(DIAGNOSTICS if measured else ())]})
     out.append({"name": "dense-no_diagnostics", "family": "dense", "world": 1, "kind": "no diagnostics",
@@ -391,6 +399,18 @@ def test_ddp_trained_the_single_process_gradient(matrix):
         ddp = [r["grad_norm"] for r in matrix[f"{family}-replicate"]["records"]]
         assert ddp == pytest.approx(ref, rel=1e-4), family
         assert math.isfinite(ref[0]) and ref[0] > 0
+
+
+def test_replicas_all_reduce_their_gradients_once_a_step(matrix):
+    """Replicas (HSDP's across nodes, DDP's) sum their gradients once a step, however many
+    micro-batches it has: a step of 2 micro-batches makes as many all-reduces as a step of
+    one (steps 2 and 3: the diagnostics measure at 1 and 4). FSDP2 all-reduced over the
+    replicas at every backward (HSDP 2 x 2: one more all-reduce per FSDP group and micro-batch)."""
+    pairs = [name for name in matrix if f"{name}-ga2" in matrix and "replicate" in name]
+    assert {"dense-replicate", "dense-replicate-shard", "moe_mha-replicate-shard"} <= set(pairs), sorted(pairs)
+    for name in pairs:
+        one, two = matrix[name]["run"]["all_reduces"], matrix[f"{name}-ga2"]["run"]["all_reduces"]
+        assert len(one) == len(two) == STEPS and two[1:STEPS - 1] == one[1:STEPS - 1], (name, one, two)
 
 
 @pytest.mark.parametrize("name", [n for n, r in RESUMES.items() if r[4] is not None and not n.endswith("batch4")])

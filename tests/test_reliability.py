@@ -460,3 +460,27 @@ def test_the_head_node_hosts_the_rendezvous_store_or_fails(tmp_path):
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "RendezvousConnectionError" in proc.stderr and "address already in use" in proc.stderr.lower(), \
         proc.stderr[-3000:]
+
+
+def test_only_a_write_failure_counts_as_a_full_disk(tmp_path):
+    """A save's failure is the disk's when ENOSPC is in its chain (a rank's, inside DCP's
+    CheckpointException too), or when a write failed without a cause (torch's zip writer:
+    "unexpected pos") and less than a checkpoint's room is left; a collective's timeout on a
+    nearly full disk is not (before: any failure there was "the disk is full", exit 4, not
+    requeued)."""
+    import errno as errnos
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from gamma_titan.training.checkpoint import out_of_space
+
+    more_than_free = 10 ** 18
+    full = OSError(errnos.ENOSPC, "No space left on device")
+    assert out_of_space(full, str(tmp_path), 0)
+    assert out_of_space(CheckpointException("save", {1: (full, None)}), str(tmp_path), 0)
+    zip_write = RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 3200 vs 3164")
+    assert out_of_space(zip_write, str(tmp_path), more_than_free)
+    assert not out_of_space(zip_write, str(tmp_path), 0)  # room enough: something else
+    timeout = RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms")
+    assert not out_of_space(timeout, str(tmp_path), more_than_free)
+    assert not out_of_space(CheckpointException("save", {0: (timeout, None)}), str(tmp_path), more_than_free)

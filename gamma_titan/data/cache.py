@@ -146,7 +146,21 @@ def build_once(
 
 
 def _host() -> str:
-    return socket.gethostname().replace("-", "_")
+    """Where a process id means this process: the host name, and the kernel's boot id and
+    this process's pid namespace (containers on several nodes often share one host name,
+    and containers on one node share the boot id; a pid checked in the wrong place is
+    "gone", and its build in progress was deleted)."""
+    import hashlib
+
+    where = []
+    for path, read in (("/proc/sys/kernel/random/boot_id", lambda p: Path(p).read_text().strip()),
+                       ("/proc/self/ns/pid", os.readlink)):
+        try:
+            where.append(read(path))
+        except OSError:  # not Linux: the host name alone
+            pass
+    tag = f"_{hashlib.sha1('|'.join(where).encode()).hexdigest()[:8]}" if where else ""
+    return socket.gethostname().replace("-", "_") + tag
 
 
 def _remove_stale_builds(final_path: Path) -> None:

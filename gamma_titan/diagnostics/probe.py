@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from gamma_titan.init import canonical_name
+from gamma_titan.init import canonical_name, unwrapped
 
 from .sink import first_token_mass
 
@@ -69,14 +69,20 @@ class ActivationProbe:
         self._handles: list = []
 
     def __enter__(self) -> "ActivationProbe":
+        # The modules themselves, never a wrapper of one (torch.compile's, activation
+        # checkpointing's): a wrapper answers every attribute of the module it holds, so a
+        # compiled attention was hooked twice, and the wrapper's hook saw its inputs before
+        # the module's own tensor-parallel input hooks (a plain tensor beside DTensors).
         for name, module in self.model.named_modules():
+            if unwrapped(module) is not module:
+                continue
             name = canonical_name(name)
             if isinstance(module, nn.RMSNorm):
                 self._handles.append(module.register_forward_pre_hook(self._norm_hook(name)))
             elif hasattr(module, "probe_qk"):  # an attention module (see probe_qk below)
                 layer = _LAYER_SITE.match(name).group(1)
                 self._handles.append(module.register_forward_hook(self._attention_hook(layer)))
-        blocks = list(self.model.layers.children())
+        blocks = [unwrapped(block) for block in self.model.layers.children()]
         self._handles.append(blocks[0].register_forward_pre_hook(self._stream_in))
         self._handles.append(blocks[-1].register_forward_hook(self._stream_out))
         return self

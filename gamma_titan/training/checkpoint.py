@@ -17,7 +17,11 @@
     asynchronous save's failure surfaces when it is awaited (the next save, or the stop):
     it is attributed to the step that save was of;
   * with `async_with_pinned_mem`, DCP's background save process is shielded from the stop
-    signal torchrun sends the worker's process group (shielded_from_stop_signals).
+    signal torchrun sends the worker's process group (shielded_from_stop_signals);
+  * a save's collectives may wait as long as the save needs (`save_timeouts`): TorchTitan
+    shortens every group's timeout to comm.train_timeout_seconds after step 1, and DCP's
+    collectives wait for the slowest writer, so a save slower on one rank than that killed
+    the run and lost the save (measured on gloo: 5 s, one rank's save 20 s slower).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ import os
 import shutil
 import signal
 import threading
+from dataclasses import dataclass
+from typing import Callable
 
 from torch.distributed.checkpoint import FileSystemReader
 from torchtitan.components.checkpoint import AsyncMode, CheckpointManager
@@ -72,28 +78,59 @@ def folder_bytes(path: str | os.PathLike) -> int:
     return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
 
 
+#: How torch's zip writer reports a write that found no room: no errno, only this.
+ZIP_WRITE_FAILURE = "unexpected pos"
+
+
 def out_of_space(err: BaseException, folder: str, needed: int) -> bool:
-    """Whether a failed save ran out of disk: ENOSPC somewhere in its chain, or (torch's
-    zip writer says only "unexpected pos") less room left than a checkpoint takes."""
-    todo = [err]
+    """Whether a failed save ran out of disk: ENOSPC somewhere in its chain; or a write
+    failure that names no cause (torch's zip writer says only "unexpected pos", another
+    OSError) with less room left than a checkpoint takes. Any other failure (a collective's
+    timeout, a bug) is not the disk's, however full it is."""
+    todo, writes = [err], False
     while todo:  # the chain, and the per-rank failures DCP gathers into a CheckpointException
         seen = todo.pop()
         if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
+        writes |= isinstance(seen, OSError) or ZIP_WRITE_FAILURE in str(seen)
         todo += [e for e in (seen.__cause__, seen.__context__) if e is not None]
         for failure in getattr(seen, "failures", {}).values():  # {rank: (exception, traceback)}
             todo += [e for e in (failure if isinstance(failure, tuple) else (failure,)) if isinstance(e, BaseException)]
+    if not writes:
+        return False
     try:
         return shutil.disk_usage(folder).free < needed
     except OSError:
         return False
 
 
+@dataclass
+class SaveTimeouts:
+    """The process groups' timeouts around a save: `set(seconds)` sets them; a save runs
+    under `save` seconds, and after it the timeout in effect before comes back (TorchTitan's
+    comm.init_timeout_seconds until step 1's end, comm.train_timeout_seconds after)."""
+
+    set: Callable[[float], None]
+    save: float
+    init: float
+    train: float
+
+    @contextlib.contextmanager
+    def during_save(self, step: int):
+        self.set(self.save)
+        try:
+            yield
+        finally:
+            self.set(self.init if step <= 1 else self.train)
+
+
 class GammaCheckpointManager(CheckpointManager):
-    def __init__(self, *, model_record: dict | None, device, **kwargs):
+    def __init__(self, *, model_record: dict | None, device, save_timeouts: SaveTimeouts | None = None, **kwargs):
         """TorchTitan's arguments, plus the model.json record to write after each save
-        (None on ranks other than 0) and the device of the finiteness check."""
+        (None on ranks other than 0), the device of the finiteness check and the timeouts
+        a save's collectives run under (None: the groups' own)."""
         super().__init__(**kwargs)
+        self.save_timeouts = save_timeouts
         self.model_parts = kwargs["model_parts"]
         self.model_record, self.device = model_record, device
         self.stopping = False  # set by the trainer once every rank agreed to stop on SIGTERM
@@ -171,8 +208,9 @@ class GammaCheckpointManager(CheckpointManager):
         if not parameters_finite(self.model_parts, self.device):  # a collective: every rank asks
             raise NonFiniteError(f"step {curr_step}: parameters are not finite; not saving a checkpoint "
                                  "(the last one is intact)")
+        timeouts = self.save_timeouts.during_save(curr_step) if self.save_timeouts else contextlib.nullcontext()
         try:
-            with shielded_from_stop_signals(self.async_mode == AsyncMode.ASYNC_WITH_PINNED_MEM):
+            with shielded_from_stop_signals(self.async_mode == AsyncMode.ASYNC_WITH_PINNED_MEM), timeouts:
                 super().save(curr_step, last_step)
             if self.save_future is not None and not last_step:
                 self._in_flight = curr_step  # written in the background: its failure surfaces at the next wait

@@ -37,6 +37,20 @@ def save_seconds(params: int, nodes: int) -> float:
     return SAVE_OVERHEAD_SECONDS + params * CHECKPOINT_BYTES_PER_PARAM / (nodes * WRITE_BYTES_PER_SECOND_PER_NODE)
 
 
+#: A save's collectives wait this many times its estimated length before they give up: a
+#: shared file system under load writes several times slower than the estimate assumes.
+SAVE_TIMEOUT_FACTOR = 4
+
+
+def save_timeout_seconds(params: int, nodes: int, grace_seconds: float, init_timeout_seconds: float) -> int:
+    """How long a checkpoint save's collectives may wait for the slowest writer (TorchTitan
+    shortens every process group's timeout to comm.train_timeout_seconds after step 1, 100 s
+    by default, while a 16B save takes minutes): SAVE_TIMEOUT_FACTOR x the estimate, never
+    less than the stop's grace period (a stop's save must fit in it anyway) nor than the
+    start-up timeout (comm.init_timeout_seconds, which the first saves have)."""
+    return math.ceil(max(SAVE_TIMEOUT_FACTOR * save_seconds(params, nodes), grace_seconds, init_timeout_seconds))
+
+
 def stop_grace_seconds(configured: float, params: int, nodes: int, step_seconds: float) -> int:
     """The grace period a run needs between SIGTERM and its exit: the step in progress plus
     a full save, with 50% headroom; never less than the configured one."""

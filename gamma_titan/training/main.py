@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import sys
 
+from torch.distributed.elastic.multiprocessing.errors import record
+
 from gamma_titan.config import load_job_config
 from gamma_titan.errors import EXIT_BAD_INPUT, EXIT_DISK_FULL, EXIT_NONFINITE, ConfigError
 from gamma_titan.inspect_model import format_report, inspect_model, knobs, knobs_line, tokens_per_step, \
@@ -106,7 +108,12 @@ def run(config, on_stop_saved=None, graceful_stop=None) -> tuple[int, str] | Non
             torch.distributed.destroy_process_group()
 
 
+@record  # a rank's exception, whichever rank, reaches torchrun's summary with its traceback (below)
 def main(argv: list[str] | None = None) -> None:
+    """The worker's entry point. Recorded as TorchTitan's Trainer methods are: under
+    `--local-ranks-filter=0` (every launch we generate) another rank's output is not shown,
+    and an exception outside those methods (pre-flight, the start-up lines, close) ended in
+    torchrun's summary as `error_file: <N/A>`, with no traceback."""
     argv = sys.argv[1:] if argv is None else argv
     try:
         config = load_job_config(argv)

@@ -18,12 +18,15 @@ what TorchTitan offers to override:
 from __future__ import annotations
 
 import logging
+import os
 import re
 import signal
+from datetime import timedelta
 
 import torch
 import torchtitan.distributed.utils as dist_utils
 from torch.distributed._composable.replicate import replicate
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.components.dataloader import DataloaderExhaustedError
@@ -33,7 +36,7 @@ from torchtitan.train import Trainer
 
 from gamma_titan.init import canonical_name
 from gamma_titan.models.common.parallelize import FLOAT8_LINEAR
-from gamma_titan.training.checkpoint import GammaCheckpointManager
+from gamma_titan.training.checkpoint import GammaCheckpointManager, SaveTimeouts
 from gamma_titan.diagnostics import LiveDiagnostics, build_probe_batch, diagnostics_due
 from gamma_titan.models.common.moe import RoutingLedger, set_aux_grad_scale, set_micro_batch_share
 from gamma_titan.training.graceful_stop import GracefulStop
@@ -116,11 +119,32 @@ class GammaTrainer(Trainer):
             record = model_record(job.model.name, job.model.flavor, self.model_args,
                                   resolve_tokenizer_path(job.model.hf_assets_path))
         return GammaCheckpointManager(
-            model_record=record, device=self.device, dataloader=self.dataloader, model_parts=self.model_parts,
+            model_record=record, device=self.device, save_timeouts=self._save_timeouts(),
+            dataloader=self.dataloader, model_parts=self.model_parts,
             optimizers=self.optimizers, lr_schedulers=self.lr_schedulers, states={"train_state": self},
             checkpoint_config=job.checkpoint, sd_adapter=getattr(titans, "sd_adapter", None),
             base_folder=job.job.dump_folder,
         )
+
+    def _save_timeouts(self) -> SaveTimeouts:
+        """The timeouts a save runs under (launch.save_timeout_seconds), set on every group
+        TorchTitan sets its own on (its set_pg_timeouts, without the barrier: every rank is in
+        the save together, and leaves it together)."""
+        from gamma_titan.training.launch import save_timeout_seconds
+
+        job, dims = self.job_config, self.parallel_dims
+        params = sum(p.numel() for part in self.model_parts for p in part.parameters())  # a DTensor's: its whole
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", dims.world_size))
+        groups = [mesh.get_group() for mesh in dims.get_all_one_dimensional_meshes().values()] + [None]
+
+        def set_timeouts(seconds: float) -> None:
+            for group in groups:  # TorchTitan's own means of setting a group's timeout (set_pg_timeouts)
+                torch.distributed.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds), group)
+
+        save = save_timeout_seconds(params, max(1, dims.world_size // local), job.gamma.reliability.stop_grace_seconds,
+                                    job.comm.init_timeout_seconds)
+        return SaveTimeouts(set=set_timeouts, save=save, init=job.comm.init_timeout_seconds,
+                            train=job.comm.train_timeout_seconds)
 
     # --- one step ------------------------------------------------------------------------------
 
@@ -155,6 +179,7 @@ class GammaTrainer(Trainer):
         losses = []
         for i, (input_dict, labels) in enumerate(microbatches):
             self._sync_ddp_gradients(last=i == len(microbatches) - 1)
+            self._all_reduce_replicas(last=i == len(microbatches) - 1)
             input_dict = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in input_dict.items()}
             for ledger in self.routing:
                 ledger.start()
@@ -208,6 +233,20 @@ class GammaTrainer(Trainer):
         for part in self.model_parts:
             if replicate.state(part) is not None:
                 part.set_requires_gradient_sync(last)
+
+    def _all_reduce_replicas(self, last: bool) -> None:
+        """Under HSDP (FSDP inside a node, replicas across nodes) the replicas' gradients cross
+        the network once a step, in the last micro-batch's backward: FSDP2 all-reduces every
+        backward by default, so each earlier micro-batch keeps its reduce-scattered gradient
+        instead (one sharded buffer, added in before the last all-reduce). Counted on 4 gloo
+        ranks, replicate 2 x shard 2, 4 micro-batches: 15 all-reduces a step before, 6 after
+        (3 FSDP groups, and the step's own 3)."""
+        if not (self.parallel_dims.dp_replicate_enabled and self.parallel_dims.fsdp_enabled):
+            return
+        for part in self.model_parts:
+            for module in part.modules():  # every FSDP group: the experts' own under EP too
+                if isinstance(module, FSDPModule):
+                    module.set_requires_all_reduce(last, recurse=False)
 
     def _verdict(self, loss: torch.Tensor, grad_norm: torch.Tensor):
         """What every rank must agree on, in one collective and one host sync

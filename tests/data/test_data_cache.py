@@ -2,6 +2,9 @@
 
 import multiprocessing
 import os
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -62,7 +65,16 @@ def test_build_once_removes_the_builds_of_builders_that_are_gone_and_no_other(tm
     alive = tmp_path / f"{marker}{cache._host()}-{os.getpid()}-x2"
     other_node = tmp_path / f"{marker}node_b-123-x3"
     abandoned = tmp_path / f"{marker}node_c-456-x4"
-    for folder in (dead, alive, other_node, abandoned):
+    # a builder with this very host name in another pid namespace (a container beside this one,
+    # or on another node), building as a pid that is not alive here: kept
+    twin_host = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",
+                                "import gamma_titan.data.cache as c; print(c._host())"],
+                               capture_output=True, text=True).stdout.strip()
+    if not twin_host:
+        pytest.skip("unshare --pid needs root")
+    assert twin_host.startswith(socket.gethostname().replace("-", "_")) and twin_host != cache._host()
+    twin = tmp_path / f"{marker}{twin_host}-{dead_pid()}-x5"
+    for folder in (dead, alive, other_node, abandoned, twin):
         folder.mkdir()
     old = time.time() - cache.STALE_BUILD_SECONDS - 60
     os.utime(abandoned, (old, old))
@@ -70,7 +82,7 @@ def test_build_once_removes_the_builds_of_builders_that_are_gone_and_no_other(tm
     path = build_once(tmp_path / "asset", lambda tmp: calls.append((tmp / "f").touch()))
     assert build_once(tmp_path / "asset", lambda tmp: calls.append(1)) == path
     assert len(calls) == 1 and (path / "f").exists()
-    assert not dead.exists() and not abandoned.exists() and alive.exists() and other_node.exists()
+    assert not dead.exists() and not abandoned.exists() and alive.exists() and other_node.exists() and twin.exists()
 
 
 def _build_without_exclusion(final, log_path, second: bool):

@@ -24,6 +24,8 @@ tests/helpers.py), and these environment variables say what to break:
                                             test can act on a run mid-way)
   GAMMA_TITAN_TEST_ECHO_ENV=A,B             each rank prints `fault_injection: rank R env A=...`
                                             as it loads (what reached the training processes)
+  GAMMA_TITAN_TEST_FAIL_IN_CLOSE_RANK=1     this rank raises as the trainer closes, after training
+                                            (outside TorchTitan's recorded Trainer methods)
   GAMMA_TITAN_TEST_FAIL_STARTS=N:PATH       the first N starts of each rank (counted in PATH.<rank>)
                                             exit 1 as the trainer loads this, before any step (a
                                             start that could not reach its rendezvous store)
@@ -114,6 +116,15 @@ def finish(writer, metadata, results):
 
 GammaTrainer.train_step = train_step
 FileSystemWriter.finish = finish
+
+if os.environ.get("GAMMA_TITAN_TEST_FAIL_IN_CLOSE_RANK") == os.environ.get("RANK", "0"):
+    _close = GammaTrainer.close
+
+    def close(trainer):
+        _close(trainer)
+        raise RuntimeError(f"fault_injection: rank {os.environ.get('RANK')} fails as the trainer closes")
+
+    GammaTrainer.close = close
 
 
 if BLIND_RANK is not None and os.environ.get("RANK") == BLIND_RANK:

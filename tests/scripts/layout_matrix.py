@@ -12,8 +12,10 @@ GammaTrainer as `gamma-titan train` would, into OUT/<name>/ (metrics.jsonl as al
     parameters before and after training;
   * with "resume_from" (a step-N folder of an earlier case), that checkpoint is hard-linked
     into this case's checkpoint folder first, so the case resumes from it;
-  * rank 0 writes OUT/<name>/run.json: pre-flight's resume notes and the data loader's
-    final position (sequences of the global order read);
+  * rank 0 writes OUT/<name>/run.json: pre-flight's resume notes, the data loader's final
+    position (sequences of the global order read), and how many all-reduces each training
+    step made on rank 0 (`all_reduces`: gradients, norms, verdicts; a replica's gradients
+    must cross the network once a step, whatever the micro-batches);
   * with "reference" (a folder a saving case wrote), every rank gathers its full
     parameters (its own replica's, where they are replicated) and rank 0 writes
     OUT/<name>/params.json: per rank, `compare`'s numbers against the reference.
@@ -80,6 +82,21 @@ def link_checkpoint(source: Path, target: Path) -> None:
             os.link(path, destination)
 
 
+all_reduces = [0]
+
+
+def counting(all_reduce):
+    def counted_all_reduce(*args, **kwargs):
+        all_reduces[0] += 1
+        return all_reduce(*args, **kwargs)
+
+    return counted_all_reduce
+
+
+# Whoever calls it (FSDP's reduction, TorchTitan's norm, ours) calls it through the module.
+dist.all_reduce = counting(dist.all_reduce)
+
+
 @functools.cache
 def saved(folder: str) -> tuple[dict, dict]:
     """A saving case's final and initial parameters."""
@@ -110,6 +127,15 @@ def run_case(out: Path, case: dict) -> None:
     start = time.monotonic()
     trainer = GammaTrainer(config)
     built = time.monotonic()
+    per_step = []
+    train_step = trainer.train_step
+
+    def counted_step(data_iterator):  # this instance's step, counted
+        before = all_reduces[0]
+        train_step(data_iterator)
+        per_step.append(all_reduces[0] - before)
+
+    trainer.train_step = counted_step
     try:
         if case.get("save"):
             initial = full_parameters(trainer.model_parts)
@@ -121,7 +147,7 @@ def run_case(out: Path, case: dict) -> None:
     rank = dist.get_rank()
     if rank == 0:
         position = trainer.dataloader.position() if hasattr(trainer.dataloader, "position") else None
-        (dump / "run.json").write_text(json.dumps({"notes": notes, "position": position}))
+        (dump / "run.json").write_text(json.dumps({"notes": notes, "position": position, "all_reduces": per_step}))
     if case.get("save") and rank == 0:
         torch.save(params, dump / "params.pt")
         torch.save(initial, dump / "initial.pt")

@@ -234,7 +234,7 @@ def permute_by_local_expert(x: torch.Tensor, counts: torch.Tensor, ep_degree: in
     max_len = _round_up(x.shape[0] + n_local * align, align)
     with torch.no_grad():
         if is_fake(counts):
-            # A memory estimate (FakeTensorMode: gamma_titan/memory.py) has no counts to read;
+            # A memory estimate (FakeTensorMode: gamma_titan/estimate.py) has no counts to read;
             # the permutation's shapes do not depend on them.
             indices = torch.zeros(max_len, dtype=torch.int32, device=x.device)
             group_sizes = torch.full((n_local,), max_len // n_local, dtype=torch.int32, device=x.device)

@@ -28,7 +28,7 @@ class ExpertParallel(TitanExpertParallel):
             received = torch.ops._c10d_functional.wait_tensor(all_to_all_single(counts, None, None, group=group))
             # The all-to-all's split sizes must be host numbers: both in one transfer, the
             # layer's only host sync (TorchTitan's dispatch has one blocking copy too).
-            if is_fake(counts):  # a memory estimate (gamma_titan/memory.py): tokens taken as evenly spread
+            if is_fake(counts):  # a memory estimate (gamma_titan/estimate.py): tokens taken as evenly spread
                 tokens = routed_input.shape[0]
                 self.input_splits = [tokens // ep_degree + (r < tokens % ep_degree) for r in range(ep_degree)]
                 self.output_splits = list(self.input_splits)

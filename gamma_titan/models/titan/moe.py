@@ -17,6 +17,7 @@ import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torchtitan.models.moe.moe import MoE, MoEArgs, TokenChoiceTopKRouter
 
+from gamma_titan.init import canonical_name, unwrapped
 from gamma_titan.models.common.moe import CountingReorderer, CountsLoad, IntegerHistcByScatter, RoutedExperts
 
 
@@ -76,14 +77,20 @@ def complete_router_gradients(model: nn.Module, parallel_dims) -> None:
     tokens; either way the scores' gradient is a part, which TorchTitan's replicated router
     weight takes as the whole (measured on deepseek_v3's debug model at TP 2: the router's
     update 100% off one process's after one step). Summed over the TP ranks, it is whole.
-    Call after TorchTitan's parallelize function."""
+    Call after TorchTitan's parallelize function: its apply_compile has swapped each MoE's
+    router for a compiled wrapper, looked through here (unwrapped); a router of another
+    kind is refused, not left uncorrected."""
     if not parallel_dims.tp_enabled:
         return
     borrowed = parallel_dims.ep_enabled and parallel_dims.etp == 1
-    for module in model.modules():
-        if isinstance(module, MoE) and isinstance(module.router, CountingRouter) and (
-                borrowed or not module.score_before_experts):
-            module.router.score_grad_group = parallel_dims.get_mesh("tp").get_group()
+    for name, module in model.named_modules():
+        if not isinstance(module, MoE) or not (borrowed or not module.score_before_experts):
+            continue
+        router = unwrapped(module.router)
+        if not isinstance(router, CountingRouter):
+            raise TypeError(f"{canonical_name(name)}.router is a {type(router).__name__}, not the CountingRouter whose "
+                            "score gradient is summed over tensor parallelism: its gradient would be one rank's part")
+        router.score_grad_group = parallel_dims.get_mesh("tp").get_group()
 
 
 def reset_load(model: nn.Module, device) -> None:
