@@ -1,6 +1,6 @@
 """Test machinery: the peak of live tensor memory during real training steps, measured with
 PyTorch's memory tracker (FSDPMemTracker under FSDP, MemTracker otherwise), next to what
-`gamma_titan.memory.estimate_memory` says for the same config (tests/test_memory.py).
+`gamma_titan.estimate.estimate_rank` says for the same config (tests/test_estimate.py).
 
     torchrun --nproc_per_node N measure_step_memory.py OUT_DIR --job.config_file ... [overrides]
 
