@@ -501,6 +501,9 @@ def main(argv: list[str] | None = None) -> None:
     ns, rest = build_parser().parse_known_args(argv)
     ns.argv = argv
     try:
+        from gamma_titan.config.parse import check_given_once
+
+        check_given_once(rest)  # a `--section.key` typed twice: tyro would keep the last silently
         code = ns.run(ns, rest)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

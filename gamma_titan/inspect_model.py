@@ -130,6 +130,17 @@ def knobs(args) -> dict:
             "norm_eps": args.norm_eps, "attention_gate": args.attention_gate}
 
 
+def norm_site_lines(sites: list[dict]) -> list[str]:
+    """σ²(h) at every norm input, a line per block ("  layers.0: attention_norm 3.9e-03,
+    ffn_norm 7.8e-03") and one for the norms outside the blocks."""
+    groups: dict[str, list[str]] = {}
+    for site in sites:
+        parts = site["name"].split(".")
+        block, local = (".".join(parts[:2]), ".".join(parts[2:])) if parts[0] == "layers" else ("outside blocks", site["name"])
+        groups.setdefault(block, []).append(f"{local} {site['var']:.2g}")
+    return ["σ²(h) at every norm input:"] + [f"  {block}: {', '.join(names)}" for block, names in groups.items()]
+
+
 def format_report(report: dict) -> str:
     """The human-readable form: one line per (group, shape), then the model summary."""
     active = report.get("active_params")
@@ -175,6 +186,7 @@ def format_report(report: dict) -> str:
             f"hidden variance at init σ²(h): {report['hidden_var']:.3g} (smallest over RMSNorm inputs, at "
             f"{report['hidden_var_site']}; embedding {report['embedding_var']:.3g}, final "
             f"{report['final_hidden_var']:.3g})",
+            *norm_site_lines(report["norm_sites"]),
             f"norm_eps {report['norm_eps']:.3g} vs σ²(h): "
             + ("ε DOMINATES" if report["eps_dominated"] else "ok, ε is negligible")
             + f" (ε / σ²(h) = {report['norm_eps'] / report['hidden_var']:.3g}; dominated when > {EPS_DOMINANCE:g})",

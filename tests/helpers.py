@@ -68,6 +68,41 @@ def launch_cases(out: Path, world: int, cases: list[dict], timeout: int = 1200) 
     assert proc.returncode == 0, f"world {world}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
 
 
+def key_reads_of(runs: list[tuple[list[str], Path]]) -> tuple[list[str], list[str]]:
+    """Measured key support of runs of tests/scripts/layout_matrix.py (each
+    `(argv, its folder)`; the folder's run.json holds the keys read from the trainer's start
+    to its close, on any rank, with their readers). Returns
+      * "case: key" for each key a run sets to a value other than its default that its
+        trainer never reads (a copy into a record is no read), that no code before the
+        trainer reads, and that waits for no switch that is off: accepted and then ignored;
+      * each TorchTitan key that no run reads although it is on in some run and not
+        refused by pre-flight (UNREAD, or unsupported_keys of every family among the runs).
+    The runs of one launch share one process group, whose keys (`comm.*`) the launch's first
+    case reads: pass every run of a launch."""
+    from gamma_titan.config import load_job_config
+    from gamma_titan.config.key_support import (READ_BEFORE_THE_TRAINER, UNREAD, changed_keys,
+                                                effective_readers, waiting)
+    from gamma_titan.config.titan_keys import titan_fields
+    from gamma_titan.training.train_spec import resolve_model
+
+    read, ignored, configs = set(), [], []
+    for argv, folder in runs:
+        reads = json.loads((folder / "run.json").read_text())["key_reads"]
+        assert len(reads) > 100 and "training.steps" in reads, (folder, sorted(reads))
+        config = load_job_config([*argv, "--job.dump_folder", str(folder)])
+        configs.append(config)
+        these = {key for key, readers in reads.items() if effective_readers(readers)}
+        read |= these
+        ignored += [f"{folder.name}: {key}" for key in changed_keys(config)
+                    if key not in these and key not in READ_BEFORE_THE_TRAINER and not waiting(config, key)]
+    # refused: for no code to read (UNREAD), or by every family among the runs
+    unsupported = [set(resolve_model(config)[1].unsupported_keys()) for config in configs]
+    refused = set(UNREAD) | set.intersection(*unsupported) | set(READ_BEFORE_THE_TRAINER)
+    never = [key for key in titan_fields() if key not in read and key not in refused
+             and not all(waiting(config, key) for config in configs)]
+    return ignored, never
+
+
 def xdist_workers() -> int:
     """pytest-xdist workers running side by side (tools/test.sh uses 2): they share the cores."""
     return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))

@@ -125,7 +125,7 @@ BATTERY = [
     (MOE, ["--parallelism.expert_parallel_degree", "2", "--activation_checkpoint.mode", "selective",
            "--activation_checkpoint.selective_ac_option", "op"], 2,
      "re:parallelism.expert_parallel_degree = 2 with activation_checkpoint.mode = \"selective\" and "
-     "selective_ac_option = \"op\" fails at the first backward on torch 2\\.13.*; use --activation_checkpoint.mode "
+     "selective_ac_option = \"op\" fails at the first backward on torch 2\\.1[3-5].*; use --activation_checkpoint.mode "
      "full, a per-layer selective_ac_option such as 2, or expert_parallel_degree 1$"),
     (DENSE, ["--parallelism.tensor_parallel_degree", "2", "--training.seq_len", "255"], 2,
      "training.seq_len = 255 must be divisible by parallelism.tensor_parallel_degree = 2 (sequence parallelism)"),
@@ -232,9 +232,12 @@ BATTERY = [
      "profiling.profile_freq = 2 must be >= profiler_warmup + profiler_active = 4"),
     (DENSE, ["--experimental.custom_import", "no_such_package.models"], 1,
      "experimental.custom_import = 'no_such_package.models': no such module on this Python's path"),
-    (DENSE, ["--fault_tolerance.enable", "true"], 1,
-     "fault_tolerance.enable: needs the torchft package, which this Python does not have; pip install torchft, or "
-     "leave fault_tolerance.enable at its default"),
+    (DENSE, ["--fault_tolerance.enable", "true"], 1,  # torchft importable or not
+     "fault_tolerance.enable = True: gamma_dense does not read it (only TorchTitan's experimental FTTrainer "
+     "(torchtitan.experiments.ft) reads it; gamma-titan's trainer is TorchTitan's Trainer. A failed node is a restart "
+     "from the newest checkpoint (README: Reliability)); leave it at TorchTitan's default (False)"),
+    (DENSE, ["--fault_tolerance.replica_id", "1", "--fault_tolerance.group_size", "2"], 1,
+     "re:fault_tolerance.replica_id = 1: gamma_dense does not read it \\(only TorchTitan's experimental FTTrainer"),
     (DENSE, ["--checkpoint.create_seed_checkpoint", "true", "--checkpoint.enable", "true"], 2,
      "checkpoint.create_seed_checkpoint = true runs on one process (TorchTitan's rule); this launch has 2"),
     (DENSE, ["--optimizer.early_step_in_backward", "true"], 1,

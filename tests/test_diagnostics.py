@@ -125,6 +125,44 @@ def test_probe_residual_flow_eps_and_gates_match_a_hand_forward(eps):
     assert metrics["eps_dominated_fraction/layer_0/attention_norm"] == (1.0 if eps == 1e-2 else 0.0)
 
 
+def test_a_layers_eps_fraction_counts_each_norm_application_once():
+    """MLA runs two norms inside its attention (q_norm, kv_norm), which run again when the
+    probe asks the attention for its queries and keys: a layer's ε-dominated fraction is
+    over the positions of one forward's norm applications, as a plain hook on every RMSNorm
+    counts them."""
+    model = moe_model("mla")
+    norms = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.RMSNorm)]
+    tokens = torch.randint(0, model.model_args.vocab_size, (2, 16), generator=torch.Generator().manual_seed(3))
+    seen: dict[str, list] = {}
+
+    def record(name):
+        return lambda module, inputs: seen.setdefault(name, []).append(inputs[0].detach().float().pow(2).mean(-1))
+
+    handles = [m.register_forward_pre_hook(record(name)) for name, m in norms]
+    with torch.no_grad():
+        model(tokens)
+    for h in handles:
+        h.remove()
+    assert all(len(v) == 1 for v in seen.values())  # one application each in a forward
+    # ε between the sites' scales, so that the sites' fractions differ (a double count would show)
+    eps = EPS_DOMINANCE * torch.cat([v[0].flatten() for v in seen.values()]).median().item()
+    for _, m in norms:
+        m.eps = eps
+    with torch.no_grad(), ActivationProbe(model) as probe:
+        model(tokens)
+    metrics = probe.metrics()
+    for i in range(model.model_args.n_layers):
+        sites = {name: v[0] for name, v in seen.items() if name.startswith(f"layers.{i}.")}
+        assert {n.split(".", 2)[2] for n in sites} >= {"attention.q_norm", "attention.kv_norm", "attention_norm"}
+        fractions = {n: (eps > EPS_DOMINANCE * ms).float().mean().item() for n, ms in sites.items()}
+        assert len(set(fractions.values())) > 1, fractions
+        for n, f in fractions.items():
+            assert metrics[f"eps_dominated_fraction/layer_{i}/{n.split('.', 2)[2]}"] == pytest.approx(f)
+        dominated = sum((eps > EPS_DOMINANCE * ms).sum().item() for ms in sites.values())
+        positions = sum(ms.numel() for ms in sites.values())
+        assert metrics[f"eps_dominated_fraction/layer_{i}"] == pytest.approx(dominated / positions)
+
+
 def test_no_gate_statistics_without_a_gate():
     model = dense_model(gate="none")
     with torch.no_grad(), ActivationProbe(model) as probe:

@@ -89,3 +89,69 @@ def test_a_bad_count_ends_the_command_in_one_line(argv, message, capsys, tmp_pat
         main(argv)
     assert exit_.value.code == 2
     assert capsys.readouterr().err == message + "\n"
+
+
+def single_valued_flags(parser: argparse.ArgumentParser, path: str = "") -> dict:
+    """{(subcommand path, flag): action} for every flag that takes one value, in every subparser."""
+    found = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found |= single_valued_flags(sub, f"{path} {name}".strip())
+        elif isinstance(action, argparse._StoreAction) and action.option_strings and action.nargs is None:
+            found[(path, action.option_strings[0])] = action
+    return found
+
+
+SINGLE = single_valued_flags(build_parser())
+
+
+def accepts(action, text: str) -> bool:
+    try:
+        action.type(text) if action.type else text
+    except (argparse.ArgumentTypeError, ValueError):
+        return False
+    return True
+
+
+@pytest.mark.parametrize("key", sorted(SINGLE), ids=lambda k: f"{k[0]} {k[1]}")
+def test_a_single_valued_flag_given_twice_is_refused(key, capsys):
+    """argparse keeps the last of two values silently (`tokenizer train --input a --input b`
+    trained on b alone): every command refuses the second in one line."""
+    path, flag = key
+    action = SINGLE[key]
+    assert type(action).__name__ == "StoreOnce"
+    value = str(action.choices[0]) if action.choices else next(v for v in ("1", "0.5", "0", "1:00:00", "4096")
+                                                                if accepts(action, v))
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_known_args([*path.split(), flag, value, flag, value])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err == f"error: argument {'/'.join(action.option_strings)}: given twice ({flag} {action.type(value) if action.type else value}, then {flag} {action.type(value) if action.type else value}): give it once\n"
+
+
+def test_the_first_single_valued_flags_of_each_command():
+    assert {("tokenizer train", "--input"), ("train", "--nproc"), ("recipe run", "--jobs"), ("submit", "--time")} <= set(SINGLE)
+    # once is fine, and a fresh parse forgets the last one's flags
+    parser = build_parser()
+    for _ in range(2):
+        ns, _ = parser.parse_known_args(["tokenizer", "train", "--input", "a.jsonl"])
+        assert ns.input == "a.jsonl"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--training.steps", "3", "--training.steps", "5"], "--training.steps given twice (3, then 5): give it once"),
+    (["--training.steps=3", "--training.steps", "5"], "--training.steps given twice (3, then 5): give it once"),
+    (["--compile.enable", "true", "--compile.no-enable"], "--compile.enable given twice (true, then false): give it once"),
+    (["--gamma.init-rate", "1", "--gamma.init_rate", "0.5"], "--gamma.init_rate given twice (1, then 0.5): give it once"),
+])
+@pytest.mark.parametrize("command", ["train", "inspect", "recipe run gamma_sweep --scale tiny"])
+def test_a_config_key_given_twice_on_the_command_line_is_refused(command, flags, message, capsys, tmp_path):
+    """tyro keeps the last of two `--section.key` values silently: every command that takes
+    them refuses the second, before anything is written."""
+    config = [] if command.startswith("recipe") else [str(REPO / "configs/dense/debug.toml")]
+    with pytest.raises(SystemExit) as exit_:
+        main([*command.split(), *config, *flags, "--job.dump_folder", str(tmp_path / "run")])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+    assert not any(tmp_path.iterdir())

@@ -79,3 +79,24 @@ def test_flops_per_token_counts_gate_and_gqa():
         counts[gate] = args.flops_per_token(seq)
         assert counts[gate] == expected
     assert counts["none"] < counts["headwise"] < counts["elementwise"]
+
+
+def test_inspect_prints_sigma2_at_every_norm_site():
+    """One line per block with each of its norms (qwen3's q/k norms inside attention
+    included), then the norms outside the blocks: every site of the report, its value as
+    measured."""
+    from gamma_titan.inspect_model import format_report, norm_site_lines
+
+    sites = [{"name": "layers.0.attention_norm", "var": 1.5e-5}, {"name": "layers.0.attention.q_norm", "var": 0.0039},
+             {"name": "layers.1.ffn_norm", "var": 2e-5}, {"name": "norm", "var": 1.6e-5}]
+    assert norm_site_lines(sites) == ["σ²(h) at every norm input:",
+                                      "  layers.0: attention_norm 1.5e-05, attention.q_norm 0.0039",
+                                      "  layers.1: ffn_norm 2e-05", "  outside blocks: norm 1.6e-05"]
+    out = subprocess.run([sys.executable, "-m", "gamma_titan.cli", "inspect", str(REPO / "configs/titan/qwen3_debug.toml"),
+                          "--json"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    report = json.loads(out)
+    text = format_report(report)
+    assert len(report["norm_sites"]) == 8 * 4 + 1  # 8 blocks of attention_norm, q_norm, k_norm, ffn_norm; the final norm
+    for site in report["norm_sites"]:
+        local = site["name"].split(".", 2)[2] if site["name"].startswith("layers.") else site["name"]
+        assert f"{local} {site['var']:.2g}" in text

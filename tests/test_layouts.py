@@ -28,7 +28,7 @@ import math
 
 import pytest
 
-from helpers import REPO, launch_cases, relative
+from helpers import REPO, key_reads_of, launch_cases, relative
 
 pytestmark = pytest.mark.multiprocess
 
@@ -342,6 +342,9 @@ def test_layout_trains_the_model_one_process_trains(matrix, name):
     assert len(held) == ranks[0]["reference_names"]  # the pipeline stages hold every parameter together
     if "pp" in run["case"]["kind"]:
         assert all(len(numbers["names"]) < len(held) for numbers in ranks)  # each stage a part
+    # every weight held whole on several ranks (a replica's, a TP-replicated norm's or router's,
+    # MLA's NoParallel projections and norms) is the same on all of them
+    assert run["run"]["copies_differ"] == [], run["run"]["copies_differ"]
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -350,6 +353,16 @@ def test_the_tolerances_are_measured_and_tight(matrix, family):
     assert tol["loss"] < 1e-4 and tol["params"] < 1e-2, tol
     # one process in micro-batches really adds in another order (else the floor measures nothing)
     assert any(matrix[f"{f}-single-ga{m}"]["losses"] != matrix[f]["losses"] for f in FAMILIES for m in (2, 4))
+
+
+def test_every_key_is_read_by_the_runs_that_set_it(matrix):
+    """Every run of the matrix (three families; expert, context and pipeline parallelism,
+    compile, resumes among them) recorded the keys its trainer read: every key a run sets is
+    read, and every TorchTitan key is read by some run, refused, or off in all of them
+    (tests/helpers.py key_reads_of)."""
+    ignored, never = key_reads_of([(r["case"]["argv"], r["dir"]) for r in matrix.values()])
+    assert not ignored, f"set and never read: {ignored}"
+    assert not never, f"on and never read: {never}"
 
 
 @pytest.mark.parametrize("family", ["moe_mha", "moe_mla"])

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from helpers import REPO, faults
-from gamma_titan.reports.tokens import delta_sym_p, difficulty_bins
+from gamma_titan.reports.tokens import analyse, delta_sym_p, difficulty_bins
 
 pytestmark = pytest.mark.multiprocess  # each recipe run is a trainer process
 
@@ -131,6 +131,11 @@ def test_token_analysis_of_two_checkpoints(ablation, tmp_path):
     assert all(a["difficulty_max"] <= b["difficulty_min"] for a, b in zip(bins, bins[1:]))
     # the mean gain over the bins, weighted by size, is the overall gain
     assert sum(b["gain_mean"] * b["count"] for b in bins) / n == pytest.approx(result["gain_mean"], abs=1e-9)
+    paired = result["paired"]  # the same windows of both models: a difference's spread, below each model's own
+    assert paired["seq_len"] == 128 and paired["sequences"] == n // 128
+    assert paired["stderr"] == pytest.approx(paired["std"] / np.sqrt(paired["sequences"]))
+    assert 0 < paired["std"] < max(paired["own_std_small"], paired["own_std_std"])
+    assert f"Paired over {paired['sequences']} sequences of 128 tokens" in (report / "summary.md").read_text()
     html = (report / "tokens.html").read_text()
     assert html.count("<span style=\"background: rgba(") == len(re.findall(r"title=\"gain [+-]", html)) > 5
     shown = unescape(re.sub(r"<[^>]+>", "", html.split("<pre>")[1].split("</pre>")[0]))
@@ -158,6 +163,14 @@ def test_token_analysis_definitions_against_a_naive_loop():
         start += size
         assert b["count"] == size
         assert b["gain_mean"] == pytest.approx(np.mean([loss_std[i] - loss_small[i] for i in idx]))
+    # the paired spread: sequences of 100 tokens (the last 3 tokens are no whole sequence)
+    paired = analyse(loss_small, loss_std, seq_len=100)["paired"]
+    means = [np.mean([loss_std[i] - loss_small[i] for i in range(k * 100, k * 100 + 100)]) for k in range(10)]
+    assert paired["sequences"] == 10 and paired["std"] == pytest.approx(np.std(means, ddof=1))
+    assert paired["stderr"] == pytest.approx(np.std(means, ddof=1) / np.sqrt(10))
+    own = [np.mean(loss_small[k * 100:k * 100 + 100]) for k in range(10)]
+    assert paired["own_std_small"] == pytest.approx(np.std(own, ddof=1))
+    assert "paired" not in analyse(loss_small, loss_std)
 
 
 def test_a_mixture_validates_each_source_and_their_token_weighted_mean_is_the_total(ablation):

@@ -9,6 +9,8 @@ import inspect
 import pkgutil
 from importlib.metadata import entry_points
 
+import pytest
+
 import gamma_titan  # noqa: F401  (first: TorchTitan's device detection answers "cpu" here)
 from torchtitan.components.validate import Validator
 from torchtitan.hf_datasets.text_datasets import build_text_dataloader
@@ -147,3 +149,33 @@ def test_a_wheel_of_the_repository_ships_every_module_and_hf_block(tmp_path):
                for path in getattr(spec.state_dict_adapter, "HF_CODE", ())
                if path.is_relative_to(REPO / "gamma_titan")}
     assert hf_code <= shipped and {"gamma_titan/convert/hf_package/modeling_gamma.py"} <= shipped
+
+
+@pytest.mark.parametrize("attn_type, asked", [("sdpa", False), ("flex", True), ("varlen", True)])
+def test_the_validator_asks_for_attention_masks_only_where_attention_takes_them(attn_type, asked):
+    """TorchTitan 0.2.2's validator asks every model (deepseek_v3 and llama3 then build a
+    compiled flex block mask for an SDPA model, at every validation step; with a CUDA build of
+    torch on a host without a driver the compile fails); its Trainer asks flex and varlen
+    models alone, and so does ours."""
+    import types
+
+    import torch
+
+    calls = []
+
+    class Model(torch.nn.Module):
+        model_args = types.SimpleNamespace(attn_type=attn_type)
+
+        def get_attention_masks(self, input_batch, tokenizer, extra_inputs=None):
+            calls.append(input_batch.shape)
+            return "masks"
+
+    validator = GammaValidator.__new__(GammaValidator)  # what post_dataloading_process reads
+    validator.parallel_dims = types.SimpleNamespace(cp_enabled=False)
+    validator.tokenizer = object()
+    inputs, labels = torch.zeros(2, 8, dtype=torch.long), torch.ones(2, 8, dtype=torch.long)
+    out_inputs, out_labels, extra_inputs, extra_kwargs = validator.post_dataloading_process(
+        {"input": inputs, "positions": labels}, labels, [Model()])
+    assert out_inputs is inputs and out_labels is labels and set(extra_inputs) == {"positions"}
+    assert (calls == [(2, 8)]) is asked
+    assert extra_kwargs == ({"attention_masks": "masks"} if asked else {})

@@ -13,9 +13,34 @@ import argparse
 import math
 
 
+class StoreOnce(argparse._StoreAction):
+    """argparse's "store", refusing a flag given twice: argparse keeps the last value
+    silently (`tokenizer train --input a.jsonl --input b.jsonl` trained on b alone). A flag
+    meant to take several values says so (`action="append"`, `nargs`)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = parser.given_once
+        if self.dest in given:
+            parser.error(f"argument {'/'.join(self.option_strings)}: given twice ({given[self.dest]}, then "
+                         f"{option_string} {values}): give it once")
+        given[self.dest] = f"{option_string} {values}"
+        super().__call__(parser, namespace, values, option_string)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, with its error on one line (`error: argument --jobs: 0: must be an integer
-    >= 1`) and exit code 2, as the config checks report theirs."""
+    >= 1`) and exit code 2, as the config checks report theirs; a single-valued flag given
+    twice is an error (StoreOnce). Sub-commands' parsers are Parsers too."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register("action", None, StoreOnce)
+        self.register("action", "store", StoreOnce)
+        self.given_once: dict[str, str] = {}
+
+    def parse_known_args(self, args=None, namespace=None):
+        self.given_once = {}
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):
         self.exit(2, f"error: {message}\n")

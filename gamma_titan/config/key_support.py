@@ -41,6 +41,19 @@ UNREAD = {
                                 "`gamma-titan inspect` estimates a config's memory",
     "memory_estimation.disable_fake_mode": "TorchTitan's memory estimation is a script of its own, not the trainer",
     "parallelism.context_parallel_rotate_method": "TorchTitan 0.2's context parallelism does not read it",
+    # TorchTitan copies it into job.custom_config_module after the parse, when the JobConfig is
+    # already merged: the module it names would extend nothing.
+    "experimental.custom_args_module": "TorchTitan deprecated it for job.custom_config_module, which is read",
+    # torchft replica groups: only TorchTitan's experimental FTTrainer (torchtitan.experiments.ft)
+    # reads them; our trainer is a Trainer. Accepted, a replica trained data-parallel rank 0 of 1
+    # (the whole batch, not its replica's half) and its metrics went to a replica_<id> folder.
+    **{f"fault_tolerance.{key}": "only TorchTitan's experimental FTTrainer (torchtitan.experiments.ft) reads it; "
+                                 "gamma-titan's trainer is TorchTitan's Trainer. A failed node is a restart from "
+                                 "the newest checkpoint (README: Reliability)"
+       for key in ("enable", "process_group", "process_group_timeout_ms", "replica_id", "group_size",
+                   "min_replica_size", "semi_sync_method")},
+    "checkpoint.enable_ft_dataloader_checkpoints": "only TorchTitan's experimental FTTrainer reads it (torchft "
+                                                   "replica groups: fault_tolerance)",
 }
 
 
@@ -60,3 +73,82 @@ def check_key_support(config, args) -> None:
         if value != default:
             raise ConfigError(f"{key} = {value!r}: {config.model.name} does not read it ({why}); leave it at "
                               f"TorchTitan's default ({default!r})")
+
+
+#: Keys set for the code that runs before the trainer, which reads them there: {key: who}.
+READ_BEFORE_THE_TRAINER = {
+    "job.config_file": "the config parser (gamma_titan/config/parse.py)",
+    "job.custom_config_module": "the config parser: the JobConfig extension it merges",
+}
+
+#: Readers that copy every field (a record or log of the config): a read by them alone is
+#: no key taking effect.
+COPIERS = ("torchtitan.config.job_config:to_dict",)
+
+
+def effective_readers(readers: list[str]) -> list[str]:
+    """The readers of a key (`module:function`) that act on it, not only copy it."""
+    return [r for r in readers if r not in COPIERS]
+
+
+#: Keys that wait for another key to turn them on: {key or section prefix: (is it on?, what turns it on)}.
+#: A section with an `enable` switch needs no entry (its keys wait for `enable = true`).
+_WAITS_FOR = {
+    "quantize.linear.float8.": (lambda c: "quantize.linear.float8" in c.model.converters,
+                                "model.converters with quantize.linear.float8"),
+    "quantize.linear.mx.": (lambda c: "quantize.linear.mx" in c.model.converters, "model.converters with quantize.linear.mx"),
+    "quantize.grouped_mm.float8.": (lambda c: "quantize.grouped_mm.float8" in c.model.converters,
+                                    "model.converters with quantize.grouped_mm.float8"),
+    "quantize.grouped_mm.mx.": (lambda c: "quantize.grouped_mm.mx" in c.model.converters,
+                                "model.converters with quantize.grouped_mm.mx"),
+    "profiling.save_memory_snapshot_folder": (lambda c: c.profiling.enable_memory_snapshot,
+                                              "profiling.enable_memory_snapshot = true"),
+    "profiling.": (lambda c: c.profiling.enable_profiling, "profiling.enable_profiling = true"),
+    "metrics.save_tb_folder": (lambda c: c.metrics.enable_tensorboard, "metrics.enable_tensorboard = true"),
+    "activation_checkpoint.": (lambda c: c.activation_checkpoint.mode != "none", "activation_checkpoint.mode"),
+    "parallelism.pipeline_parallel_": (lambda c: c.parallelism.pipeline_parallel_degree > 1,
+                                       "parallelism.pipeline_parallel_degree > 1"),
+    "parallelism.module_fqns_per_model_part": (lambda c: c.parallelism.pipeline_parallel_degree > 1,
+                                               "parallelism.pipeline_parallel_degree > 1"),
+    "parallelism.context_parallel_": (lambda c: c.parallelism.context_parallel_degree > 1,
+                                      "parallelism.context_parallel_degree > 1"),
+    "parallelism.expert_parallel_comm_backend": (lambda c: c.parallelism.expert_parallel_degree > 1,
+                                                 "parallelism.expert_parallel_degree > 1"),
+    "parallelism.enable_async_tensor_parallel": (lambda c: c.parallelism.tensor_parallel_degree > 1,
+                                                 "parallelism.tensor_parallel_degree > 1"),
+    "parallelism.disable_loss_parallel": (lambda c: c.parallelism.tensor_parallel_degree > 1,
+                                          "parallelism.tensor_parallel_degree > 1"),
+}
+
+
+def waiting(config, key: str) -> str | None:
+    """What turns the key on, where it is off in this config (nothing needs to read it
+    then): `section.enable = true` for a key of a section switched off, or _WAITS_FOR's
+    entry; None where the key is on."""
+    parts = key.split(".")
+    if parts[-1] not in ("enable", "mode") and not key.startswith("profiling.enable_"):
+        for depth in range(len(parts) - 1, 0, -1):
+            section = config
+            for part in parts[:depth]:
+                section = getattr(section, part)
+            if getattr(section, "enable", True) is False:
+                return f"{'.'.join(parts[:depth])}.enable = true"
+    for prefix, (on, what) in _WAITS_FOR.items():
+        if key.startswith(prefix) and key != "activation_checkpoint.mode" and not key.startswith("profiling.enable_"):
+            return None if on(config) else what
+    return None
+
+
+def changed_keys(config) -> dict[str, object]:
+    """{key: value} of every leaf key of a parsed config (TorchTitan's and the extension's)
+    whose value is not its field's default."""
+    from gamma_titan.config.titan_keys import titan_fields
+
+    out = {}
+    for key, (_, default) in titan_fields(type(config)).items():
+        value = config
+        for part in key.split("."):
+            value = getattr(value, part)
+        if value != default:
+            out[key] = value
+    return out

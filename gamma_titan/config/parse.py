@@ -117,6 +117,26 @@ def _normalise_cli(cls, argv: list[str]) -> list[str]:
     return out
 
 
+def check_given_once(argv: list[str]) -> None:
+    """Refuse a `--section.key` typed twice on a command line: tyro keeps the last of two
+    silently. (`--x.no-flag` sets x.flag; no key of the JobConfig begins with "no_".) The
+    commands check what the user typed; the code that composes command lines (recipes, the
+    job scripts) decides which of its own settings wins before it writes them."""
+    given: dict[str, str] = {}
+    for i, arg in enumerate(argv):
+        if not arg.startswith("--") or "." not in arg.partition("=")[0]:
+            continue
+        path, eq, inline = arg[2:].partition("=")
+        *section, leaf = path.replace("-", "_").split(".")
+        negated = leaf.startswith("no_")
+        key = ".".join([*section, leaf[3:] if negated else leaf])
+        follows = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else "true"
+        value = "false" if negated else inline if eq else follows
+        if key in given:
+            raise ConfigError(f"--{key} given twice ({given[key]}, then {value}): give it once")
+        given[key] = value
+
+
 def _number_type(kind) -> type | None:
     """int or float for a numeric field (also `X | None`), else None."""
     if kind in (int, float):

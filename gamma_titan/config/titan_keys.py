@@ -312,8 +312,7 @@ RULES: dict[str, Rule | str | Lazy] = {
     "fault_tolerance.semi_sync_method": choice("local_sgd", "diloco", None),
     # [experimental]
     "experimental.custom_import": text(empty=True),  # imported by preflight: a module that exists
-    "experimental.custom_args_module": Rule("is deprecated by TorchTitan: use job.custom_config_module",
-                                            lambda v: v == "", bad=("x.y",)),
+    "experimental.custom_args_module": text(empty=True),  # refused by pre-flight (key_support.UNREAD)
     # [validation]
     "validation.enable": flag(),
     "validation.dataset": text(),

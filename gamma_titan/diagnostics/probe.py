@@ -9,7 +9,9 @@
   `model.layers` whatever is inside them;
 * ε-dominated fraction per norm site: the share of positions whose RMSNorm input has
   mean square σ²(h) below 10·ε, where ε stops being negligible and the norm no longer
-  sees the scale of h;
+  sees the scale of h; a layer's fraction is over every position of every norm in it,
+  each application counted once (norms inside attention, such as QK-norms, run again when
+  the probe asks the attention for its queries and keys: those runs are not counted);
 * gate mean and sparsity (share of gate values below 0.1) per layer, with the gate on.
 
 Under tensor parallelism each rank sees its own heads, so head statistics are sums and
@@ -67,6 +69,7 @@ class ActivationProbe:
         self.site_stats: dict[str, list[torch.Tensor]] = {}   # tag -> [sum, count], complete
         self._embedding: torch.Tensor | None = None
         self._handles: list = []
+        self._asking_attention = False  # inside probe_qk / probe_gate: the forward's norms run again
 
     def __enter__(self) -> "ActivationProbe":
         # The modules themselves, never a wrapper of one (torch.compile's, activation
@@ -102,6 +105,8 @@ class ActivationProbe:
 
     def _norm_hook(self, site: str):
         def hook(module: nn.RMSNorm, inputs):
+            if self._asking_attention:
+                return
             h = _whole(inputs[0]).detach().float()
             eps = module.eps if module.eps is not None else torch.finfo(inputs[0].dtype).eps
             dominated = (eps > EPS_DOMINANCE * h.pow(2).mean(dim=-1)).sum()
@@ -134,11 +139,15 @@ class ActivationProbe:
         rotated queries and keys (bs, seqlen, local heads, head_dim) its forward made of
         these inputs, and with a gate, `probe_gate(x)` the gate values."""
         def hook(module, inputs, output):
-            q, k = module.probe_qk(*inputs)
+            self._asking_attention = True
+            try:
+                q, k = module.probe_qk(*inputs)
+                gate = module.probe_gate(inputs[0]).float() if module.gate != "none" else None
+            finally:
+                self._asking_attention = False
             mass = first_token_mass(q.transpose(1, 2), k.transpose(1, 2))  # (batch, local heads)
             self._add(self.head_stats, f"sink_score/layer_{layer}", mass.sum(), mass.numel())
-            if module.gate != "none":
-                gate = module.probe_gate(inputs[0]).float()
+            if gate is not None:
                 self._add(self.head_stats, f"gate_mean/layer_{layer}", gate.sum(), gate.numel())
                 self._add(self.head_stats, f"gate_sparsity/layer_{layer}", (gate < GATE_CLOSED).sum(), gate.numel())
 

@@ -11,7 +11,12 @@ the probability p_m = p_m(y_t | y_<t) and the loss ℓ_m = −log p_m. Then:
 - difficulty_t = (ℓ_small + ℓ_std) / 2; tokens sorted by it and split into ten bins of equal
   size (± 1), with the mean gain per bin (4b);
 - an HTML page colouring a text by per-token gain (4c): green where the small-init model is
-  better, red where it is worse.
+  better, red where it is worse;
+- the paired spread: the mean gain of each scored sequence (window of seq_len tokens), their
+  standard deviation s and the mean gain's standard error s / √n over the n sequences. Both
+  models score the same sequences, so s is the spread of a difference, far below either
+  model's own per-sequence spread: it is what a validation set must be sized against
+  (a loss delta Δ is resolved when s / √n ≪ Δ).
 
 Outputs (OUT): tokens.json (summary, histogram, bins), delta_sym_p.png,
 gain_by_difficulty.png, tokens.html, summary.md.
@@ -128,10 +133,27 @@ def difficulty_bins(loss_small: np.ndarray, loss_std: np.ndarray, bins: int = DI
     return out
 
 
-def analyse(loss_small: np.ndarray, loss_std: np.ndarray) -> dict[str, Any]:
+def paired_spread(gain: np.ndarray, seq_len: int) -> dict[str, Any]:
+    """The gain's spread over whole sequences of seq_len tokens: their count, the standard
+    deviation of their mean gains (ddof 1) and the standard error of the overall mean gain."""
+    per_sequence = gain[: len(gain) // seq_len * seq_len].reshape(-1, seq_len).mean(axis=1)
+    n = len(per_sequence)
+    std = float(per_sequence.std(ddof=1)) if n > 1 else float("nan")
+    return {"seq_len": seq_len, "sequences": n, "std": std, "stderr": std / np.sqrt(n) if n > 1 else float("nan")}
+
+
+def analyse(loss_small: np.ndarray, loss_std: np.ndarray, seq_len: int | None = None) -> dict[str, Any]:
+    """The token-level statistics; with seq_len, the paired per-sequence spread too (the
+    losses are whole windows of seq_len tokens, in order)."""
     dsym = delta_sym_p(np.exp(-loss_small), np.exp(-loss_std))
     counts, edges = np.histogram(dsym, bins=HIST_BINS, range=(-1.0, 1.0))
     gain = loss_std - loss_small
+    paired = {}
+    if seq_len:
+        # with each model's own per-sequence spread: what an unpaired comparison would face
+        paired = {"paired": {**paired_spread(gain, seq_len),
+                             "own_std_small": paired_spread(loss_small, seq_len)["std"],
+                             "own_std_std": paired_spread(loss_std, seq_len)["std"]}}
     return {
         "tokens": int(len(gain)),
         "loss_small": float(loss_small.mean()), "loss_std": float(loss_std.mean()), "gain_mean": float(gain.mean()),
@@ -140,6 +162,7 @@ def analyse(loss_small: np.ndarray, loss_std: np.ndarray) -> dict[str, Any]:
                         "fraction_below_-0.1": float((dsym < -0.1).mean()),
                         "histogram": {"edges": edges.tolist(), "counts": counts.tolist()}},
         "difficulty_bins": difficulty_bins(loss_small, loss_std),
+        **paired,
     }
 
 
@@ -225,7 +248,7 @@ def write_token_report(small: str | Path, std: str | Path, out: str | Path, *, d
     tokens = read_tokens(data, tokenizer_dir, max_tokens)
     loss_small, _ = score(model_small, tokens, seq_len)
     loss_std, _ = score(model_std, tokens, seq_len)
-    result = analyse(loss_small, loss_std)
+    result = analyse(loss_small, loss_std, seq_len)
     result.update(small=str(small), std=str(std), data=data, seq_len=seq_len,
                   definitions={"gain": "loss_std - loss_small (nats)",
                                "delta_sym_p": "(p_small - p_std) / (p_small + p_std)",
@@ -257,6 +280,10 @@ def write_token_report(small: str | Path, std: str | Path, out: str | Path, *, d
     lines = [f"# Token-level analysis: {Path(small).name} (small init) vs {Path(std).name} (standard)", "",
              f"{result['tokens']} tokens of {data}, context {seq_len}. Mean loss: small {result['loss_small']:.4f}, "
              f"standard {result['loss_std']:.4f}, gain {result['gain_mean']:+.4f} nats.", "",
+             f"Paired over {result['paired']['sequences']} sequences of {seq_len} tokens: the gain's standard "
+             f"error is {result['paired']['stderr']:.4f} nats (per-sequence spread of the gain "
+             f"{result['paired']['std']:.4f}; of each model's own loss {result['paired']['own_std_small']:.4f} "
+             f"and {result['paired']['own_std_std']:.4f}).", "",
              f"Δ^sym p = (p_small − p_std)/(p_small + p_std): mean {d['mean']:+.4f}, median {d['median']:+.4f}; "
              f"{d['fraction_above_0.1']:.1%} of tokens above +0.1, {d['fraction_below_-0.1']:.1%} below −0.1.", "",
              "| difficulty bin | tokens | difficulty (mean) | mean gain (nats) | mean Δ^sym p |", "|---|---|---|---|---|"]

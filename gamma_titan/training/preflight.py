@@ -27,9 +27,10 @@ def global_batch_size(training, data_parallel_degree: int) -> int:
     return pinned if pinned > 0 else training.local_batch_size * data_parallel_degree
 
 
-def check_parallelism(config, world_size: int, args, cuda: bool | None = None) -> None:
+def check_parallelism(config, world_size: int, args, cuda: bool | None = None, model_cls=None) -> None:
     """The layout (training/layout.py: one line naming a layout that works), then what it
-    needs of the other keys; `cuda`: whether the ranks have GPUs (default: this machine)."""
+    needs of the other keys, and under TP the family's plan for every parameter of
+    `model_cls`; `cuda`: whether the ranks have GPUs (default: this machine)."""
     from gamma_titan.training.layout import LayoutRules
     from gamma_titan.training.pipeline import check_pipeline
 
@@ -38,6 +39,8 @@ def check_parallelism(config, world_size: int, args, cuda: bool | None = None) -
     layout = LayoutRules(args, config.model.name, cuda=cuda).resolve(p, world_size)
     if layout.pp > 1:
         check_pipeline(config, args.pipeline_blocks(), cuda=cuda)
+    if layout.tp > 1 and model_cls is not None:
+        args.check_tensor_parallel_plan(model_cls)
     ep = layout.ep
     ac = config.activation_checkpoint
     if ep > 1 and ac.mode == "selective" and ac.selective_ac_option == "op" and sac_replays_fsdp_hooks():
@@ -94,8 +97,7 @@ def check_training(config, world_size: int, cuda: bool | None = None) -> None:
     custom = config.experimental.custom_import
     if custom and not _importable(custom):  # TorchTitan's Trainer imports it
         raise ConfigError(f"experimental.custom_import = {custom!r}: no such module on this Python's path")
-    needs = {"fault_tolerance.enable": (config.fault_tolerance.enable, "torchft", "torchft"),
-             "metrics.enable_wandb": (config.metrics.enable_wandb, "wandb", '".[wandb]" (this project\'s extra)'),
+    needs = {"metrics.enable_wandb": (config.metrics.enable_wandb, "wandb", '".[wandb]" (this project\'s extra)'),
              "parallelism.expert_parallel_comm_backend": (
                  config.parallelism.expert_parallel_comm_backend == "deepep", "deep_ep", "DeepEP (CUDA only)")}
     for key, (asked, module, package) in needs.items():
@@ -184,8 +186,8 @@ def _importable(module: str) -> bool:
 
 def sac_replays_fsdp_hooks() -> bool:
     """Whether this torch's selective activation checkpointing counts the profiler ops of
-    FSDP2's hooks: 2.13 does (measured), 2.11 does not (measured); 2.12, not measured, is
-    taken to as well."""
+    FSDP2's hooks: 2.13, 2.14.1 and 2.15.0 do (measured), 2.11 does not (measured); 2.12,
+    not measured, is taken to as well."""
     return torch.__version__ >= "2.12"
 
 
@@ -502,7 +504,7 @@ def preflight(config, world_size: int | None = None, local_world_size: int | Non
     check_key_support(config, args)
     check_training(config, world_size, cuda)
     check_checkpoint(config)
-    check_parallelism(config, world_size, args, cuda)
+    check_parallelism(config, world_size, args, cuda, model_cls=spec.model_cls)
     check_data(config, args, world_size)
     check_diagnostics(config, spec, args)
     check_resume(config, args, world_size)

@@ -30,6 +30,7 @@ import contextlib
 import torch
 from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.components.validate import BaseValidator, Validator
+from torchtitan.distributed.context_parallel import prepare_context_parallel_input
 from torchtitan.tools import utils
 from torch.distributed.pipelining.schedules import (FORWARD, OVERLAP_F_B, RECV_F, RESHARD, SEND_F, UNSHARD,
                                                      _PipelineScheduleRuntime)
@@ -69,6 +70,24 @@ class GammaValidator(Validator):
     def source_names(self) -> list[str]:
         held = self._validation_set
         return held.source_names if held is not None else [self.job_config.validation.dataset]
+
+    def post_dataloading_process(self, input_dict, labels, model_parts):
+        """TorchTitan's, asking the model for attention masks only where its attention takes
+        them (flex, varlen), as TorchTitan's Trainer decides. TorchTitan 0.2.2's validator asks
+        every model, and deepseek_v3 and llama3 build a flex block mask whatever their
+        attention: torch.compile'd `create_block_mask` at every validation step, for an SDPA
+        model that ignores it (with torch's CUDA build on a host without a GPU driver, the
+        compile fails: "Found no NVIDIA driver")."""
+        if getattr(getattr(model_parts[0], "model_args", None), "attn_type", "sdpa") in ("flex", "varlen"):
+            return super().post_dataloading_process(input_dict, labels, model_parts)
+        inputs = input_dict["input"]
+        extra_inputs = {k: v for k, v in input_dict.items() if k != "input"}
+        extra_kwargs = {}
+        if self.parallel_dims.cp_enabled:
+            inputs, labels, extra_kwargs = prepare_context_parallel_input(
+                inputs, labels, extra_kwargs, self.parallel_dims.get_mesh("cp"), inputs.device,
+                self.job_config.parallelism.context_parallel_load_balancer)
+        return inputs, labels, extra_inputs, extra_kwargs
 
     @torch.no_grad()
     def validate(self, model_parts: list[torch.nn.Module], step: int) -> None:

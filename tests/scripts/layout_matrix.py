@@ -13,9 +13,13 @@ GammaTrainer as `gamma-titan train` would, into OUT/<name>/ (metrics.jsonl as al
   * with "resume_from" (a step-N folder of an earlier case), that checkpoint is hard-linked
     into this case's checkpoint folder first, so the case resumes from it;
   * rank 0 writes OUT/<name>/run.json: pre-flight's resume notes, the data loader's final
-    position (sequences of the global order read), and how many all-reduces each training
+    position (sequences of the global order read), how many all-reduces each training
     step made on rank 0 (`all_reduces`: gradients, norms, verdicts; a replica's gradients
-    must cross the network once a step, whatever the micro-batches);
+    must cross the network once a step, whatever the micro-batches), and the config keys
+    read from the trainer's start to its close on any rank, with their readers
+    (`key_reads`, tests/scripts/key_reads.py), and the parameters held whole on several
+    ranks whose copies differ after training (`copies_differ`: a replica's or a
+    TP-replicated weight must be the same on every rank);
   * with "reference" (a folder a saving case wrote), every rank gathers its full
     parameters (its own replica's, where they are replicated) and rank 0 writes
     OUT/<name>/params.json: per rank, `compare`'s numbers against the reference.
@@ -38,6 +42,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 import gamma_titan  # noqa: F401  (platform shims before torchtitan)
+import key_reads
 from gamma_titan.config import load_job_config
 from gamma_titan.errors import ConfigError
 from gamma_titan.init import canonical_name
@@ -69,6 +74,23 @@ def compare(params: dict[str, torch.Tensor], reference: dict[str, torch.Tensor],
     digest = hashlib.sha256(b"".join(params[k].numpy().tobytes() for k in sorted(params))).hexdigest()
     return {"max_abs_diff": diff, "update_rel_diff": (off / moved).item(), "names": sorted(params),
             "reference_names": len(reference), "digest": digest}
+
+
+def unsharded_digests(model_parts) -> dict[str, str]:
+    """{name: hash of this rank's copy} of every parameter this rank holds whole: a plain
+    tensor (a DDP replica's) or a DTensor replicated on every mesh dimension (a TP-replicated
+    norm or router: NoParallel, SequenceParallel). Every rank that holds one must hold the
+    same bytes; a norm planned NoParallel inside attention, whose gradient is each rank's
+    heads' alone, drifts apart on the ranks while the losses still agree."""
+    out = {}
+    for part in model_parts:
+        for name, p in part.named_parameters():
+            if isinstance(p, DTensor):
+                if not all(placement.is_replicate() for placement in p.placements):
+                    continue
+                p = p.to_local()
+            out[canonical_name(name)] = hashlib.sha256(p.detach().float().cpu().numpy().tobytes()).hexdigest()
+    return out
 
 
 def link_checkpoint(source: Path, target: Path) -> None:
@@ -125,6 +147,7 @@ def run_case(out: Path, case: dict) -> None:
         sys.exit(2)
     logger.info(f"layout_matrix: case {case['name']}")
     start = time.monotonic()
+    key_reads.record(config)
     trainer = GammaTrainer(config)
     built = time.monotonic()
     per_step = []
@@ -145,9 +168,23 @@ def run_case(out: Path, case: dict) -> None:
     finally:
         trainer.close()
     rank = dist.get_rank()
+    every_ranks_reads = [None] * dist.get_world_size()
+    dist.all_gather_object(every_ranks_reads, key_reads.take())
+    every_ranks_digests = [None] * dist.get_world_size()
+    dist.all_gather_object(every_ranks_digests, unsharded_digests(trainer.model_parts))
     if rank == 0:
         position = trainer.dataloader.position() if hasattr(trainer.dataloader, "position") else None
-        (dump / "run.json").write_text(json.dumps({"notes": notes, "position": position, "all_reduces": per_step}))
+        read = {}
+        for ranks_reads in every_ranks_reads:
+            for key, readers in ranks_reads.items():
+                read[key] = sorted(set(read.get(key, [])) | set(readers))
+        copies = {}
+        for digests in every_ranks_digests:
+            for name, digest in digests.items():
+                copies.setdefault(name, set()).add(digest)
+        (dump / "run.json").write_text(json.dumps({
+            "notes": notes, "position": position, "all_reduces": per_step, "key_reads": read,
+            "unsharded": len(copies), "copies_differ": sorted(n for n, d in copies.items() if len(d) > 1)}))
     if case.get("save") and rank == 0:
         torch.save(params, dump / "params.pt")
         torch.save(initial, dump / "initial.pt")

@@ -97,6 +97,18 @@ class GammaArgs(BaseModelArgs):
         starts; the layout rules all models share are layout.py's)."""
         raise NotImplementedError
 
+    def check_tensor_parallel_plan(self, model_cls) -> None:
+        """Under TP, before any process group starts: the plan the family's parallelize
+        applies (models/common/parallelize.py `apply_tp`, from its modules' plans) places
+        every parameter of the model, built on the meta device."""
+        import torch
+
+        from .parallelize import check_tensor_parallel_plan
+
+        with torch.device("meta"):
+            model = model_cls(self)
+        check_tensor_parallel_plan(model)
+
     # --- what the rest of the package asks ---------------------------------------------
 
     def model_width(self) -> int:

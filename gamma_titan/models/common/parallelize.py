@@ -18,6 +18,7 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
+    PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -150,8 +151,8 @@ def children_tp_plan(parent: nn.Module, styles: TPStyles, skip: tuple[str, ...] 
             sub = {"": SequenceParallel(use_local_output=True)}
         elif isinstance(child, MoE):
             continue
-        elif type(child) in MODULE_PLANS:
-            sub = MODULE_PLANS[type(child)](child, styles)
+        elif shared_plan(child) is not None:  # a shared module, or a subclass of one
+            sub = shared_plan(child)(child, styles)
         elif not any(True for _ in child.parameters()):
             continue
         elif not any(True for _ in child.parameters(recurse=False)):
@@ -210,6 +211,55 @@ def attention_tp_plan(attention: nn.Module, styles: TPStyles) -> dict:
 #: The TP plans of the shared modules, by type (a family's own module can bring a
 #: `tensor_parallel_plan(styles)` method instead).
 MODULE_PLANS = {GatedAttention: attention_tp_plan, GatedMLA: attention_tp_plan, SwiGLU: swiglu_tp_plan}
+
+
+def shared_plan(module: nn.Module):
+    """The plan function of the shared module the module is, or subclasses (its nearest
+    base in MODULE_PLANS); None for any other module. A subclass that adds parameters the
+    shared plan does not place is refused by `check_tensor_parallel_plan`, naming it."""
+    return next((MODULE_PLANS[c] for c in type(module).__mro__ if c in MODULE_PLANS), None)
+
+
+def check_tensor_parallel_plan(model: nn.Module) -> None:
+    """Pre-flight, on the meta model: the plan `apply_tp` would apply places every
+    parameter, nested ones too, outside the MoE layers (TorchTitan's expert plans). A
+    parameter no style places would train on each rank's shard of the sequence alone, or
+    meet DTensors as a plain tensor (`clip_grad_norm_`'s "mixed torch.Tensor and DTensor",
+    naming no parameter). Raises ConfigError naming the parameter by path and the module
+    whose plan should place it."""
+    from gamma_titan.errors import ConfigError
+
+    styles = TPStyles(ColwiseParallel, RowwiseParallel, PrepareModuleInput, mesh=None)
+    key = "parallelism.tensor_parallel_degree"
+    try:
+        plan = {name: None for name in DECODER_CHILDREN if name != "layers"}
+        plan |= children_tp_plan(model, styles, skip=DECODER_CHILDREN)
+        for index, block in model.layers.items():
+            plan |= {f"layers.{index}.{path}": style for path, style in children_tp_plan(block, styles).items()}
+    except ValueError as e:
+        raise ConfigError(f"{key} > 1: {e}") from None
+    # an input preparation places no parameter
+    placed = [path for path, style in plan.items() if not isinstance(style, (PrepareModuleInput, PrepareModuleOutput))]
+    moe = [name for name, m in model.named_modules() if isinstance(m, MoE)]
+    for name, _ in model.named_parameters():
+        if any(name.startswith(f"{p}.") for p in moe) or any(name == p or name.startswith(f"{p}.") for p in placed):
+            continue
+        parts = name.split(".")[:-1]
+        owner_path = next((".".join(parts[:i]) for i in range(len(parts), 0, -1)  # the innermost with a plan
+                           if hasattr(model.get_submodule(".".join(parts[:i])), "tensor_parallel_plan")
+                           or shared_plan(model.get_submodule(".".join(parts[:i]))) is not None), None)
+        if owner_path is None:
+            raise ConfigError(f"{key} > 1: no tensor-parallel plan places {name}; give the module that holds it a "
+                              "tensor_parallel_plan(styles) method")
+        planner = model.get_submodule(owner_path)
+        rel = name[len(owner_path) + 1:].rsplit(".", 1)[0]
+        if hasattr(planner, "tensor_parallel_plan"):
+            raise ConfigError(f"{key} > 1: {name} is placed by no style: {type(planner).__name__}."
+                              f"tensor_parallel_plan ({owner_path}) must plan {rel!r}")
+        base = next(c for c in type(planner).__mro__ if c in MODULE_PLANS)
+        raise ConfigError(f"{key} > 1: {name} is placed by no style: {type(planner).__name__} ({owner_path}) takes "
+                          f"{base.__name__}'s plan, which does not know {rel!r}; give {type(planner).__name__} a "
+                          "tensor_parallel_plan(styles) method")
 
 
 def apply_context_parallel(model: nn.Module, cp_mesh) -> None:

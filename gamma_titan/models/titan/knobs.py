@@ -93,6 +93,18 @@ class TitanArgs(GammaArgs):
         """TorchTitan's own update (after GammaArgs in the MRO), then the [gamma] knobs
         that are set."""
         super(GammaArgs, self).update_from_config(job_config, **kwargs)
+        if getattr(self, "attn_type", "sdpa") == "flex":
+            # The trainer passes flex attention the block-causal mask it builds from the EOS
+            # token; the init report, `inspect` and the live diagnostics run the model on a
+            # probe batch without one, and flex without a mask attends both ways (measured:
+            # residual flow 0.147 at init against 0.346 for the same weights under SDPA).
+            from torchtitan.protocols.train_spec import get_train_spec
+
+            flavors = get_train_spec(job_config.model.name).model_args  # TorchTitan's flavors, ours too
+            sdpa = sorted(f for f, a in flavors.items() if getattr(a, "attn_type", "sdpa") == "sdpa")
+            raise ConfigError(f"model.flavor = {job_config.model.flavor!r}: flex attention is not supported yet (the "
+                              "init report and live diagnostics would run it without its block-causal mask); "
+                              f"{job_config.model.name}'s sdpa flavors: {', '.join(sdpa)}")
         for f in job_config.model_args.__dataclass_fields__:
             if getattr(job_config.model_args, f) is not None:
                 raise ConfigError(f"model_args.{f}: {job_config.model.name} takes its shapes from its flavors "
@@ -117,6 +129,9 @@ class TitanArgs(GammaArgs):
 
     def check_parallelism(self, layout) -> None:
         """TorchTitan's model runs every parallelism its own trainer allows."""
+
+    def check_tensor_parallel_plan(self, model_cls) -> None:
+        """TorchTitan's own parallelize functions plan its models (and our gate)."""
 
     def supports_context_parallel(self) -> bool:
         return True
