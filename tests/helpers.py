@@ -83,23 +83,28 @@ def key_reads_of(runs: list[tuple[list[str], Path]]) -> tuple[list[str], list[st
     from gamma_titan.config.key_support import (READ_BEFORE_THE_TRAINER, UNREAD, changed_keys,
                                                 effective_readers, waiting)
     from gamma_titan.config.titan_keys import titan_fields
+    from gamma_titan.training.layout import LayoutRules
     from gamma_titan.training.train_spec import resolve_model
 
-    read, ignored, configs = set(), [], []
+    read, ignored, configs, layouts = set(), [], [], []
     for argv, folder in runs:
-        reads = json.loads((folder / "run.json").read_text())["key_reads"]
+        record = json.loads((folder / "run.json").read_text())
+        reads = record["key_reads"]
         assert len(reads) > 100 and "training.steps" in reads, (folder, sorted(reads))
         config = load_job_config([*argv, "--job.dump_folder", str(folder)])
+        _, args = resolve_model(config)
+        layout = LayoutRules(args, config.model.name, cuda=False).resolve(config.parallelism, record["world"])
         configs.append(config)
+        layouts.append(layout)
         these = {key for key, readers in reads.items() if effective_readers(readers)}
         read |= these
         ignored += [f"{folder.name}: {key}" for key in changed_keys(config)
-                    if key not in these and key not in READ_BEFORE_THE_TRAINER and not waiting(config, key)]
+                    if key not in these and key not in READ_BEFORE_THE_TRAINER and not waiting(config, key, layout)]
     # refused: for no code to read (UNREAD), or by every family among the runs
     unsupported = [set(resolve_model(config)[1].unsupported_keys()) for config in configs]
     refused = set(UNREAD) | set.intersection(*unsupported) | set(READ_BEFORE_THE_TRAINER)
     never = [key for key in titan_fields() if key not in read and key not in refused
-             and not all(waiting(config, key) for config in configs)]
+             and not all(waiting(config, key, layout) for config, layout in zip(configs, layouts))]
     return ignored, never
 
 

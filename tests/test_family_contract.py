@@ -114,3 +114,29 @@ def test_a_module_with_no_plan_is_refused_by_pre_flight_in_one_line():
     assert str(err.value) == (f"{KEY}: tensor parallelism has no plan for Linear ('extra' of TransformerBlock): give it a "
                               "tensor_parallel_plan(styles) method")
     preflight(config, world_size=2)  # the family's own model
+
+
+def test_the_moe_block_contract_is_checked_before_launch():
+    """A family reusing parallelize_moe with a block of its own: each attribute that
+    parallelize_moe, TorchTitan's EP/FSDP helpers and its load-balancing hook read is named
+    when missing, by the family's args in pre-flight (MOE_BLOCK_CONTRACT)."""
+    from gamma_titan.models.moe.parallelize import MOE_BLOCK_CONTRACT, check_moe_blocks
+    from gamma_titan.training.layout import Layout
+
+    config = load_job_config(["--job.config_file", str(DEBUG_TOML.parent.parent / "moe" / "debug.toml")])
+    spec, args = resolve_model(config)
+    args.check_model(spec.model_cls, Layout())  # gamma_moe keeps its contract
+    with torch.device("meta"):
+        model = spec.model_cls(args)
+    moe_index = next(i for i, block in model.layers.items() if block.moe_enabled)
+    del model.layers[moe_index].moe.load_balance_coeff
+    with pytest.raises(ConfigError) as err:
+        check_moe_blocks(model)
+    name = type(model.layers[moe_index]).__name__
+    assert str(err.value) == (f"block layers.{moe_index} ({name}) has moe_enabled but no moe.load_balance_coeff: "
+                              "parallelize_moe, TorchTitan's expert-parallel and FSDP helpers and its load-balancing "
+                              "hook read it (models/moe/parallelize.py MOE_BLOCK_CONTRACT)")
+    del model.layers["0"].moe_enabled
+    with pytest.raises(ConfigError, match=r"^block layers.0 \(\w+\) has no moe_enabled: parallelize_moe reads it"):
+        check_moe_blocks(model)
+    assert "moe.experts.num_experts" in MOE_BLOCK_CONTRACT and "moe.expert_bias" in MOE_BLOCK_CONTRACT

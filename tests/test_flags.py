@@ -17,19 +17,19 @@ ZERO_IS_MEANT = {("eval", "--num-fewshot"), ("pretokenize", "--val-fraction"), (
                  ("recipe run", "--seeds"), ("submit", "--gpus-per-node")}  # 0 GPUs: CPU nodes
 
 
-def typed_flags(parser: argparse.ArgumentParser, path: str = "") -> dict:
-    """{(subcommand path, flag): action} for every flag with a value type, in every subparser."""
+def flags(parser: argparse.ArgumentParser, which, path: str = "") -> dict:
+    """{(subcommand path, flag): action} for every flag `which(action)` picks, in every subparser."""
     found = {}
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for name, sub in action.choices.items():
-                found |= typed_flags(sub, f"{path} {name}".strip())
-        elif action.type is not None and action.option_strings:
+                found |= flags(sub, which, f"{path} {name}".strip())
+        elif action.option_strings and which(action):
             found[(path, action.option_strings[0])] = action
     return found
 
 
-FLAGS = typed_flags(build_parser())
+FLAGS = flags(build_parser(), lambda action: action.type is not None)  # those with a value type
 
 
 def test_every_numeric_flag_has_a_checked_type():
@@ -91,19 +91,7 @@ def test_a_bad_count_ends_the_command_in_one_line(argv, message, capsys, tmp_pat
     assert capsys.readouterr().err == message + "\n"
 
 
-def single_valued_flags(parser: argparse.ArgumentParser, path: str = "") -> dict:
-    """{(subcommand path, flag): action} for every flag that takes one value, in every subparser."""
-    found = {}
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                found |= single_valued_flags(sub, f"{path} {name}".strip())
-        elif isinstance(action, argparse._StoreAction) and action.option_strings and action.nargs is None:
-            found[(path, action.option_strings[0])] = action
-    return found
-
-
-SINGLE = single_valued_flags(build_parser())
+SINGLE = flags(build_parser(), lambda action: isinstance(action, argparse._StoreAction) and action.nargs is None)
 
 
 def accepts(action, text: str) -> bool:

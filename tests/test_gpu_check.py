@@ -47,6 +47,20 @@ def falling(n=20, start=10.8, end=7.0):
 
 # --- the PASS conditions, and the runs that fail them ------------------------------------------------
 
+def test_a_checks_own_setting_takes_the_shared_ones_place():
+    """`gamma-titan train` refuses a `--section.key` typed twice: each check's command line
+    gives every key once, its own value where it sets one over the shared flags."""
+    argv = ["gamma-titan", "train", "c.toml", "--nproc", "1", "--training.steps", "5", "--a.b=1", "--flag",
+            "--training.steps", "3", "--a.b", "2"]
+    assert checks.last_wins(argv) == ["gamma-titan", "train", "c.toml", "--nproc", "1", "--training.steps", "3",
+                                      "--a.b", "2", "--flag"]
+    setup = checks.Setup.__new__(checks.Setup)
+    setup.dry_run, setup.steps, setup.warmup = True, 5, 1
+    flags = checks.last_wins(setup.common())
+    keys = [f for f in flags if f.startswith("--") and "." in f]
+    assert len(keys) == len(set(keys)) and flags[flags.index("--training.local_batch_size") + 1] == "2"
+
+
 def test_dense_bf16_judges_its_own_run_mfu_the_first_loss_and_compile():
     good = lambda tps=1000.0, mfu=40.0: Run(records(falling(), tps=tps, mfu=mfu))  # noqa: E731
     verdict = judges.judge_dense(good(), 20, 5, 10.8)

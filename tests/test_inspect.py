@@ -92,9 +92,11 @@ def test_inspect_prints_sigma2_at_every_norm_site():
     assert norm_site_lines(sites) == ["σ²(h) at every norm input:",
                                       "  layers.0: attention_norm 1.5e-05, attention.q_norm 0.0039",
                                       "  layers.1: ffn_norm 2e-05", "  outside blocks: norm 1.6e-05"]
-    out = subprocess.run([sys.executable, "-m", "gamma_titan.cli", "inspect", str(REPO / "configs/titan/qwen3_debug.toml"),
-                          "--json"], cwd=REPO, capture_output=True, text=True, check=True).stdout
-    report = json.loads(out)
+    from gamma_titan.config import load_job_config
+    from gamma_titan.training.train_spec import resolve_model
+
+    spec, args = resolve_model(load_job_config(["--job.config_file", str(REPO / "configs/titan/qwen3_debug.toml")]))
+    report = inspect_model(spec, args, 64, probe_len=64)
     text = format_report(report)
     assert len(report["norm_sites"]) == 8 * 4 + 1  # 8 blocks of attention_norm, q_norm, k_norm, ffn_norm; the final norm
     for site in report["norm_sites"]:

@@ -198,3 +198,27 @@ def test_force_load_balance_routes_round_robin():
     assert counts.tolist() == [3, 3, 3, 3] and not torch.equal(free, indices)
     scores = torch.sigmoid(router.gate(x)).gather(1, indices)
     torch.testing.assert_close(top, scores / scores.sum(dim=-1, keepdim=True))
+
+
+def test_what_a_key_waits_for():
+    """A key that waits for a switch that is off needs no reader (the measured tests in
+    test_families.py and test_layouts.py excuse it); switched on, it must be read."""
+    from gamma_titan.config.key_support import changed_keys, waiting
+
+    def config(*overrides):
+        return load_job_config(["--job.config_file", str(REPO / "configs/dense/debug.toml"), *overrides])
+
+    off = config()
+    assert waiting(off, "checkpoint.interval") == "checkpoint.enable = true"
+    assert waiting(off, "checkpoint.enable") is None
+    assert waiting(off, "quantize.linear.float8.recipe_name") == "model.converters with quantize.linear.float8"
+    assert waiting(off, "profiling.profile_freq") == "profiling.enable_profiling = true"
+    assert waiting(off, "profiling.save_memory_snapshot_folder") == "profiling.enable_memory_snapshot = true"
+    assert waiting(off, "activation_checkpoint.selective_ac_option") == "activation_checkpoint.mode"
+    assert waiting(off, "training.steps") is None
+    on = config("--checkpoint.enable", "true", "--activation_checkpoint.mode", "full",
+                "--model.converters", "quantize.linear.float8")
+    for key in ("checkpoint.interval", "activation_checkpoint.selective_ac_option", "quantize.linear.float8.recipe_name"):
+        assert waiting(on, key) is None, key
+    changed = changed_keys(config("--training.steps", "7"))
+    assert changed["training.steps"] == 7 and "training.seq_len" in changed and "training.max_norm" not in changed

@@ -90,3 +90,9 @@ def test_validation_runs_the_forward_actions_of_the_training_order():
     overlap = _Action(0, OVERLAP_F_B, None, (_Action.from_str("0F1"), _Action.from_str("3B0")))
     kept = forward_actions([*order[:5], overlap, *order[5:]])
     assert [str(a) for a in kept] == ["0UNSHARD", "0F0", "0SEND_F0", "3RECV_F0", "3F0", "0F1", "0RESHARD"]
+    from torch.distributed.pipelining.schedules import _ComputationType
+
+    if hasattr(_ComputationType, "WAIT_SEND_F"):  # torch 2.15: a send's wait is an action, checked at the end
+        waits = [_Action.from_str(a) for a in ("0WAIT_SEND_F0", "1WAIT_SEND_B0")]
+        assert [str(a) for a in forward_actions([*order[:3], *waits, *order[3:]])] == [
+            "0UNSHARD", "0F0", "0SEND_F0", "0WAIT_SEND_F0", "3RECV_F0", "3F0", "0RESHARD"]

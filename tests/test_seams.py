@@ -163,8 +163,17 @@ def test_the_validator_asks_for_attention_masks_only_where_attention_takes_them(
 
     calls = []
 
+    from gamma_titan.models import TRAIN_SPECS
+
+    import dataclasses
+
+    # TorchTitan's llama3 args, with our knobs (a copy: the registry's flavors stay as they are)
+    args = dataclasses.replace(TRAIN_SPECS["llama3"].model_args["debugmodel"], attn_type=attn_type)
+    assert args.takes_attention_masks() is asked
+    assert TRAIN_SPECS["gamma_dense"].model_args["debug"].takes_attention_masks() is False
+
     class Model(torch.nn.Module):
-        model_args = types.SimpleNamespace(attn_type=attn_type)
+        model_args = args
 
         def get_attention_masks(self, input_batch, tokenizer, extra_inputs=None):
             calls.append(input_batch.shape)

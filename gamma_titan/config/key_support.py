@@ -94,13 +94,10 @@ def effective_readers(readers: list[str]) -> list[str]:
 #: Keys that wait for another key to turn them on: {key or section prefix: (is it on?, what turns it on)}.
 #: A section with an `enable` switch needs no entry (its keys wait for `enable = true`).
 _WAITS_FOR = {
-    "quantize.linear.float8.": (lambda c: "quantize.linear.float8" in c.model.converters,
-                                "model.converters with quantize.linear.float8"),
-    "quantize.linear.mx.": (lambda c: "quantize.linear.mx" in c.model.converters, "model.converters with quantize.linear.mx"),
-    "quantize.grouped_mm.float8.": (lambda c: "quantize.grouped_mm.float8" in c.model.converters,
-                                    "model.converters with quantize.grouped_mm.float8"),
-    "quantize.grouped_mm.mx.": (lambda c: "quantize.grouped_mm.mx" in c.model.converters,
-                                "model.converters with quantize.grouped_mm.mx"),
+    **{f"{converter}.": (lambda c, converter=converter: converter in c.model.converters,
+                         f"model.converters with {converter}")
+       for converter in ("quantize.linear.float8", "quantize.linear.mx", "quantize.grouped_mm.float8",
+                         "quantize.grouped_mm.mx")},
     "profiling.save_memory_snapshot_folder": (lambda c: c.profiling.enable_memory_snapshot,
                                               "profiling.enable_memory_snapshot = true"),
     "profiling.": (lambda c: c.profiling.enable_profiling, "profiling.enable_profiling = true"),
@@ -121,10 +118,18 @@ _WAITS_FOR = {
 }
 
 
-def waiting(config, key: str) -> str | None:
+#: Read by FSDP's wrapping alone (and TorchTitan's, of expert-parallel experts).
+FSDP_KEYS = ("training.mixed_precision_reduce", "parallelism.fsdp_reshard_after_forward")
+
+
+def waiting(config, key: str, layout=None) -> str | None:
     """What turns the key on, where it is off in this config (nothing needs to read it
     then): `section.enable = true` for a key of a section switched off, or _WAITS_FOR's
-    entry; None where the key is on."""
+    entry; None where the key is on. With the run's resolved `layout` (training/layout.py),
+    FSDP's keys wait for a shard or expert degree above 1 (`data_parallel_shard_degree =
+    -1` may resolve to 1)."""
+    if layout is not None and key in FSDP_KEYS and layout.shard == 1 and layout.ep == 1:
+        return "FSDP: parallelism.data_parallel_shard_degree > 1"
     parts = key.split(".")
     if parts[-1] not in ("enable", "mode") and not key.startswith("profiling.enable_"):
         for depth in range(len(parts) - 1, 0, -1):

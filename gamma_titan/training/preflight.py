@@ -29,8 +29,8 @@ def global_batch_size(training, data_parallel_degree: int) -> int:
 
 def check_parallelism(config, world_size: int, args, cuda: bool | None = None, model_cls=None) -> None:
     """The layout (training/layout.py: one line naming a layout that works), then what it
-    needs of the other keys, and under TP the family's plan for every parameter of
-    `model_cls`; `cuda`: whether the ranks have GPUs (default: this machine)."""
+    needs of the other keys, and what the family's parallelize reads of `model_cls` (its TP
+    plan, its MoE blocks); `cuda`: whether the ranks have GPUs (default: this machine)."""
     from gamma_titan.training.layout import LayoutRules
     from gamma_titan.training.pipeline import check_pipeline
 
@@ -39,8 +39,8 @@ def check_parallelism(config, world_size: int, args, cuda: bool | None = None, m
     layout = LayoutRules(args, config.model.name, cuda=cuda).resolve(p, world_size)
     if layout.pp > 1:
         check_pipeline(config, args.pipeline_blocks(), cuda=cuda)
-    if layout.tp > 1 and model_cls is not None:
-        args.check_tensor_parallel_plan(model_cls)
+    if model_cls is not None:
+        args.check_model(model_cls, layout)
     ep = layout.ep
     ac = config.activation_checkpoint
     if ep > 1 and ac.mode == "selective" and ac.selective_ac_option == "op" and sac_replays_fsdp_hooks():

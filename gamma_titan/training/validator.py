@@ -32,8 +32,7 @@ from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.components.validate import BaseValidator, Validator
 from torchtitan.distributed.context_parallel import prepare_context_parallel_input
 from torchtitan.tools import utils
-from torch.distributed.pipelining.schedules import (FORWARD, OVERLAP_F_B, RECV_F, RESHARD, SEND_F, UNSHARD,
-                                                     _PipelineScheduleRuntime)
+from torch.distributed.pipelining.schedules import FORWARD, OVERLAP_F_B, _ComputationType, _PipelineScheduleRuntime
 from torchtitan.tools.logging import logger
 
 from gamma_titan.data.loader import build_validation_dataloader
@@ -73,12 +72,13 @@ class GammaValidator(Validator):
 
     def post_dataloading_process(self, input_dict, labels, model_parts):
         """TorchTitan's, asking the model for attention masks only where its attention takes
-        them (flex, varlen), as TorchTitan's Trainer decides. TorchTitan 0.2.2's validator asks
+        them (`args.takes_attention_masks()`: flex, varlen), as TorchTitan's Trainer decides. TorchTitan 0.2.2's validator asks
         every model, and deepseek_v3 and llama3 build a flex block mask whatever their
         attention: torch.compile'd `create_block_mask` at every validation step, for an SDPA
         model that ignores it (with torch's CUDA build on a host without a GPU driver, the
         compile fails: "Found no NVIDIA driver")."""
-        if getattr(getattr(model_parts[0], "model_args", None), "attn_type", "sdpa") in ("flex", "varlen"):
+        takes_masks = getattr(getattr(model_parts[0], "model_args", None), "takes_attention_masks", None)
+        if takes_masks is None or takes_masks():  # a model not of ours: TorchTitan's way
             return super().post_dataloading_process(input_dict, labels, model_parts)
         inputs = input_dict["input"]
         extra_inputs = {k: v for k, v in input_dict.items() if k != "input"}
@@ -150,8 +150,11 @@ class GammaValidator(Validator):
         return loss.detach().to(torch.float64).reshape(())
 
 
-#: The actions of a pipeline order that a forward pass needs (FSDP's unshard/reshard included).
-FORWARD_ACTIONS = (FORWARD, SEND_F, RECV_F, UNSHARD, RESHARD)
+#: The actions of a pipeline order that a forward pass needs (FSDP's unshard/reshard included;
+#: from torch 2.15 each send has a wait action of its own, checked at the schedule's end).
+FORWARD_ACTIONS = tuple(getattr(_ComputationType, name) for name in
+                        ("FORWARD", "SEND_F", "RECV_F", "WAIT_SEND_F", "UNSHARD", "RESHARD")
+                        if hasattr(_ComputationType, name))
 
 
 def forward_actions(order: list) -> list:

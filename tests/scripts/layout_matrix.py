@@ -184,6 +184,7 @@ def run_case(out: Path, case: dict) -> None:
                 copies.setdefault(name, set()).add(digest)
         (dump / "run.json").write_text(json.dumps({
             "notes": notes, "position": position, "all_reduces": per_step, "key_reads": read,
+            "world": dist.get_world_size(),
             "unsharded": len(copies), "copies_differ": sorted(n for n, d in copies.items() if len(d) > 1)}))
     if case.get("save") and rank == 0:
         torch.save(params, dump / "params.pt")

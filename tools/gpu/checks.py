@@ -202,9 +202,33 @@ def read_metrics(dump: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def last_wins(argv: list[str]) -> list[str]:
+    """A command line whose `--section.key value` flags are each given once: a later one
+    (a check's own setting over the shared ones) takes the first one's place. The trainer's
+    command refuses a key typed twice."""
+    items: list[list[str]] = []
+    where: dict[str, int] = {}
+    i = 0
+    while i < len(argv):
+        key, eq, _ = argv[i].partition("=")
+        if argv[i].startswith("--") and "." in key:
+            pair = argv[i:i + (1 if eq else 2)]
+            if key in where:
+                items[where[key]] = pair
+            else:
+                where[key] = len(items)
+                items.append(pair)
+            i += len(pair)
+        else:
+            items.append([argv[i]])
+            i += 1
+    return [token for item in items for token in item]
+
+
 def train(setup: Setup, name: str, argv: list[str], deadline: float, on_poll=None) -> Run:
     """One training run (its dump folder `<logs>/runs/<name>`), killed at `deadline`; a run
     cut off leaves `<logs>/<name>.timed_out`, so no other check reads it as finished."""
+    argv = last_wins(argv)
     dump = setup.logs / "runs" / name
     env = {**os.environ, "TORCH_LOGS": "graph_breaks,recompiles"}
     marker = setup.logs / f"{name}.timed_out"

@@ -97,17 +97,28 @@ class GammaArgs(BaseModelArgs):
         starts; the layout rules all models share are layout.py's)."""
         raise NotImplementedError
 
-    def check_tensor_parallel_plan(self, model_cls) -> None:
-        """Under TP, before any process group starts: the plan the family's parallelize
-        applies (models/common/parallelize.py `apply_tp`, from its modules' plans) places
-        every parameter of the model, built on the meta device."""
+    def check_model(self, model_cls, layout) -> None:
+        """Before any process group starts, on the model built on the meta device: what the
+        family's parallelize reads of it (`check_built_model`). Built only where there is
+        something to check."""
+        if not self.needs_model_check(layout):
+            return
         import torch
-
-        from .parallelize import check_tensor_parallel_plan
 
         with torch.device("meta"):
             model = model_cls(self)
-        check_tensor_parallel_plan(model)
+        self.check_built_model(model, layout)
+
+    def needs_model_check(self, layout) -> bool:
+        return layout.tp > 1
+
+    def check_built_model(self, model, layout) -> None:
+        """Under TP, the plan `apply_tp` applies (models/common/parallelize.py, from the
+        modules' own plans) places every parameter of the model."""
+        from .parallelize import check_tensor_parallel_plan
+
+        if layout.tp > 1:
+            check_tensor_parallel_plan(model)
 
     # --- what the rest of the package asks ---------------------------------------------
 
@@ -122,6 +133,11 @@ class GammaArgs(BaseModelArgs):
     def pipeline_blocks(self) -> int:
         """The blocks a pipeline splits into stages (TorchTitan's pipeline_llm reads n_layers)."""
         return int(self.n_layers)
+
+    def takes_attention_masks(self) -> bool:
+        """Whether the model's forward takes attention masks built from the batch
+        (`get_attention_masks`: flex and varlen attention); SDPA's causal mask is its own."""
+        return False
 
     def supports_context_parallel(self) -> bool:
         """Whether the family's forward takes TorchTitan's context-parallel `positions` and

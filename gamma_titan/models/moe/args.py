@@ -142,6 +142,15 @@ class MoEModelArgs(HeadShape, GammaArgs):
         the experts, and float8 rounding would reorder near-ties."""
         return ["output", "moe.router.gate"] + (["attention.gate_proj"] if self.attention_gate == "headwise" else [])
 
+    def needs_model_check(self, layout) -> bool:
+        return True  # the MoE block contract, at every layout
+
+    def check_built_model(self, model, layout) -> None:
+        from .parallelize import check_moe_blocks
+
+        super().check_built_model(model, layout)
+        check_moe_blocks(model)
+
     def check_parallelism(self, layout) -> None:
         """Heads and MLP widths split by TP; routed experts by EP, which TP excludes (for now)."""
         check_tensor_parallel(self, layout.tp, ("ffn_hidden_dim", "moe_hidden_dim"))

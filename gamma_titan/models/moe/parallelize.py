@@ -30,6 +30,38 @@ from gamma_titan.models.common.parallelize import apply_context_parallel, apply_
 from .expert_parallel import ExpertParallel
 
 
+#: What parallelize_moe, TorchTitan's EP/FSDP/compile helpers (llama4's infra) and its
+#: load-balancing optimizer hook read of a block whose `moe_enabled` is true. Every block
+#: has `moe_enabled`; these paths are under such a block.
+MOE_BLOCK_CONTRACT = ("moe", "moe.experts", "moe.experts.num_experts", "moe.router", "moe.shared_experts",
+                      "moe.score_before_experts", "moe.load_balance_coeff", "moe.tokens_per_expert",
+                      "moe.expert_bias")
+
+
+def check_moe_blocks(model: nn.Module) -> None:
+    """Raise ConfigError, naming the block and the attribute, where a block breaks the
+    contract parallelize_moe and TorchTitan's helpers read (MOE_BLOCK_CONTRACT): a family
+    that reuses parallelize_moe with its own block finds out before launch, not in FSDP's
+    wrapping or the optimizer's hook."""
+    from gamma_titan.errors import ConfigError
+
+    for index, block in model.layers.items():
+        where = f"layers.{index} ({type(block).__name__})"
+        if not hasattr(block, "moe_enabled"):
+            raise ConfigError(f"block {where} has no moe_enabled: parallelize_moe reads it of every block "
+                              "(models/moe/parallelize.py MOE_BLOCK_CONTRACT)")
+        if not block.moe_enabled:
+            continue
+        for path in MOE_BLOCK_CONTRACT:
+            node = block
+            for part in path.split("."):
+                if not hasattr(node, part):
+                    raise ConfigError(f"block {where} has moe_enabled but no {path}: parallelize_moe, TorchTitan's "
+                                      "expert-parallel and FSDP helpers and its load-balancing hook read it "
+                                      "(models/moe/parallelize.py MOE_BLOCK_CONTRACT)")
+                node = getattr(node, part)
+
+
 def parallelize_moe(model: nn.Module, parallel_dims: ParallelDims, job_config) -> nn.Module:
     if parallel_dims.tp_enabled:
         # Attention, norms, embedding, output and dense layers: the dense model's plan;

@@ -130,11 +130,14 @@ class TitanArgs(GammaArgs):
     def check_parallelism(self, layout) -> None:
         """TorchTitan's model runs every parallelism its own trainer allows."""
 
-    def check_tensor_parallel_plan(self, model_cls) -> None:
+    def check_model(self, model_cls, layout) -> None:
         """TorchTitan's own parallelize functions plan its models (and our gate)."""
 
     def supports_context_parallel(self) -> bool:
         return True
+
+    def takes_attention_masks(self) -> bool:
+        return getattr(self, "attn_type", "sdpa") in ("flex", "varlen")
 
     def context_parallel_balancers(self) -> tuple[str | None, ...]:
         return ("headtail", "ptrr", None) if getattr(self, "attn_type", "sdpa") == "flex" else ("headtail", None)
