@@ -121,6 +121,9 @@ _WAITS_FOR = {
 #: Read by FSDP's wrapping alone (and TorchTitan's, of expert-parallel experts).
 FSDP_KEYS = ("training.mixed_precision_reduce", "parallelism.fsdp_reshard_after_forward")
 
+#: Switches that turn other keys on (as `section.enable` does): they wait for nothing.
+SWITCHES = ("activation_checkpoint.mode", "profiling.enable_profiling", "profiling.enable_memory_snapshot")
+
 
 def waiting(config, key: str, layout=None) -> str | None:
     """What turns the key on, where it is off in this config (nothing needs to read it
@@ -128,18 +131,19 @@ def waiting(config, key: str, layout=None) -> str | None:
     entry; None where the key is on. With the run's resolved `layout` (training/layout.py),
     FSDP's keys wait for a shard or expert degree above 1 (`data_parallel_shard_degree =
     -1` may resolve to 1)."""
+    if key in SWITCHES or key.endswith(".enable"):
+        return None
     if layout is not None and key in FSDP_KEYS and layout.shard == 1 and layout.ep == 1:
         return "FSDP: parallelism.data_parallel_shard_degree > 1"
     parts = key.split(".")
-    if parts[-1] not in ("enable", "mode") and not key.startswith("profiling.enable_"):
-        for depth in range(len(parts) - 1, 0, -1):
-            section = config
-            for part in parts[:depth]:
-                section = getattr(section, part)
-            if getattr(section, "enable", True) is False:
-                return f"{'.'.join(parts[:depth])}.enable = true"
+    for depth in range(len(parts) - 1, 0, -1):
+        section = config
+        for part in parts[:depth]:
+            section = getattr(section, part)
+        if getattr(section, "enable", True) is False:
+            return f"{'.'.join(parts[:depth])}.enable = true"
     for prefix, (on, what) in _WAITS_FOR.items():
-        if key.startswith(prefix) and key != "activation_checkpoint.mode" and not key.startswith("profiling.enable_"):
+        if key.startswith(prefix):
             return None if on(config) else what
     return None
 
