@@ -4,7 +4,6 @@ included, and refused in one line with exit code 2 (gamma_titan/config/flags.py)
 import argparse
 import ast
 import math
-from pathlib import Path
 
 import pytest
 

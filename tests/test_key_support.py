@@ -11,7 +11,6 @@ import ast
 import importlib
 import inspect
 import typing
-from pathlib import Path
 
 import pytest
 
