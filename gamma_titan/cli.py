@@ -120,7 +120,7 @@ def cmd_inspect(ns, overrides: list[str]) -> int:
 
     from gamma_titan.inspect_model import format_report, inspect_model, tokens_per_step, weight_decay_report
     from gamma_titan.training.main import attention_kernels
-    from gamma_titan.training.train_spec import resolve_model
+    from gamma_titan.training.train_spec import mask_tokenizer, resolve_model
 
     config = load_job_config(_config_argv(ns.config, overrides))
     if ns.memory:  # the layout at that many GPUs, 8 a node (derive.py fills in the degrees)
@@ -130,7 +130,7 @@ def cmd_inspect(ns, overrides: list[str]) -> int:
         spec, args = preflight(config, world_size=gpus, local_world_size=min(gpus, GPUS_PER_NODE))
     else:
         spec, args = resolve_model(config)
-    report = inspect_model(spec, args, config.training.seq_len)
+    report = inspect_model(spec, args, config.training.seq_len, tokenizer=mask_tokenizer(config, args))
     report["tokens_per_step"] = tokens_per_step(config)
     report["weight_decay"] = weight_decay_report(spec, args, config.optimizer.weight_decay_policy)
     report["attention_kernels"] = attention_kernels(args, config, device_type)  # on this machine's accelerator

@@ -49,8 +49,9 @@ def _param_rows(module: nn.Module, plan: list[ParamInit], measure: bool) -> list
 
 @torch.no_grad()
 def inspect_model(spec, args, seq_len: int, measure: bool = True, probe_batch: int = PROBE_BATCH,
-                  probe_len: int = PROBE_LEN, seed: int | None = None) -> dict:
-    """The report as a plain dict (the `--json` output)."""
+                  probe_len: int = PROBE_LEN, seed: int | None = None, tokenizer=None) -> dict:
+    """The report as a plain dict (the `--json` output). `tokenizer` (its eos_id): for a
+    model that takes attention masks, the walk's are the trainer's (block-causal at EOS)."""
     titan_init = args.init is None  # TorchTitan's own init (models/titan, no [gamma] init_rate)
     if seed is None:
         seed = probe_seed(args)
@@ -79,7 +80,7 @@ def inspect_model(spec, args, seq_len: int, measure: bool = True, probe_batch: i
 
     rows: list[dict] = []
     tokens = probe_tokens(args.vocab_size, seq_len, seed, probe_batch, probe_len)
-    walk = forward_at_init(model, cfg, seed, tokens,
+    walk = forward_at_init(model, cfg, seed, tokens, tokenizer=tokenizer,
                            on_part=lambda part, plan: rows.extend(_param_rows(part, plan, True)))
     site, hidden_var = walk.smallest()
     e, h = walk.embedding, walk.hidden

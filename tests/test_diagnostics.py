@@ -63,6 +63,31 @@ def test_first_token_mass_matches_softmax(kv_heads, chunk):
     assert got.mean() > 0.1  # not a trivially uniform case
 
 
+@pytest.mark.parametrize("chunk", [256, 7])
+def test_first_token_mass_under_the_block_causal_mask_is_each_documents_own(chunk):
+    """Under TorchTitan's block-causal mask (documents split after each EOS), the score is
+    the causal score of each document on its own: mass on the document's first token,
+    over its queries after the first, averaged over every such query of the sequence."""
+    from torch.nn.attention.flex_attention import and_masks
+    from torchtitan.models.attention import get_causal_mask_mod, get_document_mask_mod
+
+    eos = 5
+    gen = torch.Generator().manual_seed(2)
+    q, k = torch.randn(2, 4, 40, 16, generator=gen) * 2, torch.randn(2, 2, 40, 16, generator=gen) * 2
+    tokens = torch.randint(6, 100, (2, 40), generator=gen)
+    tokens[0, [9, 25]] = eos  # documents 0..9, 10..25, 26..39
+    tokens[1, 0] = eos  # a one-token document: its only query sees itself
+    mask_mod = and_masks(get_causal_mask_mod(), get_document_mask_mod(tokens, eos))
+    got = first_token_mass(q, k, chunk=chunk, mask_mod=mask_mod)
+    for b, docs in enumerate([[(0, 10), (10, 26), (26, 40)], [(0, 1), (1, 40)]]):
+        masses = torch.cat([naive_attention(q[b:b + 1, :, i:j], k[b:b + 1, :, i:j], 1 / math.sqrt(16))[0, :, 1:, 0]
+                            for i, j in docs], dim=-1)  # (heads, queries after each document's first)
+        torch.testing.assert_close(got[b], masses.mean(dim=-1), atol=1e-5, rtol=0)
+    causal = first_token_mass(q, k, chunk=chunk)
+    assert (got[0] - causal[0]).abs().min() > 1e-3  # the documents are seen: not the causal score
+    torch.testing.assert_close(first_token_mass(q, k, chunk=chunk, mask_mod=get_causal_mask_mod()), causal)
+
+
 @pytest.mark.parametrize("attention", ["dense-gqa", "mla"])
 def test_probe_sink_score_is_the_layers_own_attention(attention):
     """The probe's per-layer score equals the naive attention matrix's first column,

@@ -176,24 +176,6 @@ def test_the_gate_equals_a_naive_reference_on_one_block(model, gate):
         torch.testing.assert_close(shut, attn(x, rope, None), rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("model, flavor, sdpa", [
-    ("llama3", "debugmodel_flex_attn", "405B, 70B, 8B, debugmodel"), ("llama3", "8B_flex", "405B, 70B, 8B, debugmodel"),
-    ("deepseek_v3", "debugmodel_flex_attn", "debugmodel"), ("deepseek_v3", "16B", "debugmodel")])
-@pytest.mark.parametrize("gate", ["none", "elementwise"])
-def test_a_flex_attention_flavor_is_refused_in_one_line(model, flavor, sdpa, gate, capsys):
-    """Ungated, the init forward died in TorchTitan's attention (no BlockMask); gated, it
-    measured a model attending both ways. `inspect` and `train` refuse it before anything."""
-    from gamma_titan.cli import main
-
-    for command in ("inspect", "train"):
-        with pytest.raises(SystemExit) as exit_:
-            main([command, str(TITAN_CONFIGS[model]), "--model.flavor", flavor, "--gamma.attention_gate", gate])
-        assert exit_.value.code == 2
-        assert capsys.readouterr().err == (
-            f"error: model.flavor = {flavor!r}: flex attention is not supported yet (the init report and live "
-            f"diagnostics would run it without its block-causal mask); {model}'s sdpa flavors: {sdpa}\n")
-
-
 def test_context_parallel_on_a_cpu_is_refused_in_one_line(builtin_assets):
     """llama3: PyTorch has no CPU ring attention (tools/gpu_check.sh runs CP on GPUs), and
     the diagnostics need every layer on one rank, which pipeline stages do not give."""

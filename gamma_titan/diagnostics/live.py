@@ -13,8 +13,11 @@ At step 1 and every `freq` steps, after the optimizer step, `LiveDiagnostics.mea
 All numbers stay on the device until the end, where one transfer brings them to the host
 (the measurement's only host sync on a GPU; the row-cosine maps are read when drawn).
 
+The forward gets the attention masks the trainer's steps get (a flex flavor's
+block-causal mask, from the probe batch's EOS tokens).
+
 Training must not notice: the forward runs eagerly (compiled blocks are bypassed, so no
-recompilation), every model buffer (MoE load counters, expert bias) is restored
+recompilation; a flex flavor's attention kernel stays compiled on a GPU), every model buffer (MoE load counters, expert bias) is restored
 afterwards, and the RNG state is forked, so a run with diagnostics has bitwise the same
 losses as one without. Every rank runs the probe (FSDP, TP and EP forwards are
 collectives) on the same batch, so results do not depend on the data-parallel degree.
@@ -29,6 +32,7 @@ import torch
 from torch import nn
 
 from gamma_titan.init import canonical_name
+from gamma_titan.models.common.masks import eager_reading, trainer_masks
 
 from .buffers import buffers_restored
 from .probe import ActivationProbe, to_host
@@ -83,9 +87,13 @@ def build_probe_batch(job_config, tokenizer) -> torch.Tensor:
 
 
 class LiveDiagnostics:
+    """`tokenizer` (its eos_id): for a model that takes attention masks, the probe's are
+    the ones the trainer builds (flex: block-causal at EOS), built once."""
+
     def __init__(self, cfg, model: nn.Module, probe_tokens: torch.Tensor,
-                 tp_group=None, cosine_params: list[str] | None = None):
+                 tp_group=None, cosine_params: list[str] | None = None, tokenizer=None):
         self.cfg, self.model, self.tokens, self.tp_group = cfg, model, probe_tokens, tp_group
+        self.masks = trainer_masks(model, probe_tokens, tokenizer)
         self.stable_ranks = StableRanks()
         matrices = [n for n, w in weight_matrices(model).items() if w.ndim == 2]
         self.cosine_params = cosine_params or cfg.cosine_params or [
@@ -111,10 +119,10 @@ class LiveDiagnostics:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(buffers_restored(model))
                 stack.enter_context(torch.random.fork_rng(devices=rng_devices))
-                stack.enter_context(torch.compiler.set_stance("force_eager"))
+                stack.enter_context(eager_reading())
                 probe = stack.enter_context(ActivationProbe(model, self.tp_group))
                 model.eval()
-                model(self.tokens, head=False)
+                model(self.tokens, self.masks, head=False)
         finally:
             model.train(was_training)
             reshard(model)

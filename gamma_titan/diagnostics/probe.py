@@ -3,7 +3,8 @@
 `ActivationProbe` hooks a model for one forward and measures:
 
 * sink score per layer: attention mass on the first token (sink.py), from the layer's
-  own queries and keys;
+  own queries and keys, under the mask the layer was given (a flex flavor's block-causal
+  mask: each document's first token), at the attention's own softmax scale;
 * residual flow ‖h_L − e‖ / ‖e‖ over the whole probe batch: e is the embedding stream
   (the first block's input), h_L the last block's output, read at the blocks of
   `model.layers` whatever is inside them;
@@ -30,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
+from torch.nn.attention.flex_attention import BlockMask
 
 from gamma_titan.init import canonical_name, unwrapped
 
@@ -137,7 +139,9 @@ class ActivationProbe:
     def _attention_hook(self, layer: str):
         """An attention module says how to see inside it: `probe_qk(*inputs)` gives the
         rotated queries and keys (bs, seqlen, local heads, head_dim) its forward made of
-        these inputs, and with a gate, `probe_gate(x)` the gate values."""
+        these inputs, `probe_scale` its softmax scale where it is not 1/√head_dim, and with a
+        gate, `probe_gate(x)` the gate values. A flex attention's block mask comes among
+        its inputs."""
         def hook(module, inputs, output):
             self._asking_attention = True
             try:
@@ -145,7 +149,9 @@ class ActivationProbe:
                 gate = module.probe_gate(inputs[0]).float() if module.gate != "none" else None
             finally:
                 self._asking_attention = False
-            mass = first_token_mass(q.transpose(1, 2), k.transpose(1, 2))  # (batch, local heads)
+            mask = next((a for a in inputs if isinstance(a, BlockMask)), None)
+            mass = first_token_mass(q.transpose(1, 2), k.transpose(1, 2), scale=getattr(module, "probe_scale", None),
+                                    mask_mod=None if mask is None else mask.mask_mod)  # (batch, local heads)
             self._add(self.head_stats, f"sink_score/layer_{layer}", mass.sum(), mass.numel())
             if gate is not None:
                 self._add(self.head_stats, f"gate_mean/layer_{layer}", gate.sum(), gate.numel())

@@ -34,10 +34,13 @@ def startup_summary(spec, args, config, device_type: str) -> str:
     diagnostics measure σ²(h) and the residual flow on the real weights anyway."""
     import torch
 
+    from gamma_titan.training.train_spec import mask_tokenizer
+
     with torch.device("meta"):
         n_params = sum(p.numel() for p in spec.model_cls(args).parameters())
     measure = device_type == "cpu" and n_params <= STARTUP_MEASURE_MAX_PARAMS
-    report = inspect_model(spec, args, config.training.seq_len, measure=measure)
+    report = inspect_model(spec, args, config.training.seq_len, measure=measure,
+                           tokenizer=mask_tokenizer(config, args) if measure else None)
     report["tokens_per_step"] = tokens_per_step(config)
     report["weight_decay"] = weight_decay_report(spec, args, config.optimizer.weight_decay_policy)
     report["attention_kernels"] = attention_kernels(args, config, device_type)

@@ -503,6 +503,7 @@ def preflight(config, world_size: int | None = None, local_world_size: int | Non
     derive_settings(config, args, world_size, local_world_size)
     check_key_support(config, args)
     check_training(config, world_size, cuda)
+    args.check_training_device(torch.cuda.is_available() if cuda is None else cuda)
     check_checkpoint(config)
     check_parallelism(config, world_size, args, cuda, model_cls=spec.model_cls)
     check_data(config, args, world_size)

@@ -33,6 +33,12 @@ def build_tokenizer(job_config) -> HuggingFaceTokenizer:
     return HuggingFaceTokenizer(str(resolve_tokenizer_path(job_config.model.hf_assets_path)))
 
 
+def mask_tokenizer(job_config, args) -> HuggingFaceTokenizer | None:
+    """The run's tokenizer where the model's attention masks need its EOS (flex), for the
+    readers that build them as the trainer does (models/common/masks.py); None otherwise."""
+    return build_tokenizer(job_config) if args.takes_attention_masks() else None
+
+
 def with_summed_gradients(parallelize_fn):
     """The family's parallelize function, then the gradient reductions made sums, for our
     families and TorchTitan's alike (models/common/parallelize.py): where it applied DDP

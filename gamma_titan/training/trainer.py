@@ -94,7 +94,8 @@ class GammaTrainer(Trainer):
                 tokens = build_probe_batch(job_config, self.tokenizer).to(self.device)
             tp = self.parallel_dims.get_optional_mesh("tp")
             self.diagnostics = LiveDiagnostics(cfg, self.model_parts[0], tokens,
-                                               tp_group=tp.get_group() if tp is not None else None)
+                                               tp_group=tp.get_group() if tp is not None else None,
+                                               tokenizer=self.tokenizer)
             self.metrics_processor.diagnostics_attached = True
             if job_config.checkpoint.enable:
                 self.checkpointer.track_diagnostics(self.diagnostics, job_config.checkpoint.load_step)

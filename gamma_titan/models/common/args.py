@@ -109,6 +109,10 @@ class GammaArgs(BaseModelArgs):
             model = model_cls(self)
         self.check_built_model(model, layout)
 
+    def check_training_device(self, cuda: bool) -> None:
+        """Raise ConfigError where this model cannot take a training step on the ranks'
+        device (`cuda`: whether they have GPUs); ours train on both."""
+
     def needs_model_check(self, layout) -> bool:
         return layout.tp > 1
 

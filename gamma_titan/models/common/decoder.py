@@ -92,11 +92,12 @@ class DecoderLM(ModelProtocol):
         every model part under context parallelism (for a context it then never enters)."""
         return self.rope
 
-    def block_inputs(self, seq_len: int, device) -> tuple:
+    def block_inputs(self, tokens: torch.Tensor, device, tokenizer=None) -> tuple:
         """What each block takes after the hidden states, for a reader running the blocks
-        one by one (inspect): the rotary cache, rebuilt on `device`."""
+        one by one over `tokens` (inspect): the rotary cache, rebuilt on `device` (causal
+        SDPA: no masks, so no tokenizer)."""
         self.rope = self._rope_cache(device=device)
-        return (self.rope[:seq_len],)
+        return (self.rope[:tokens.shape[1]],)
 
     def get_attention_masks(self, input_batch, tokenizer, extra_inputs=None) -> None:
         """Causal SDPA needs no mask object (TorchTitan's validator asks for one)."""

@@ -28,6 +28,7 @@ from torch import nn
 from gamma_titan.init import GammaInit, ParamInit, draw_segments, gamma_init_, init_plan
 
 from .decoder import reset_buffers
+from .masks import eager_reading
 
 #: The probe batch: sequences x tokens (at most the run's seq_len), drawn from `seed`.
 PROBE_BATCH = 2
@@ -148,14 +149,15 @@ def _up_to_last_norm(layer: nn.Module, prefix: str, h: torch.Tensor, block_input
 @torch.no_grad()
 def forward_at_init(model: nn.Module, cfg: GammaInit | None, seed: int, tokens: torch.Tensor, *,
                     n_blocks: int | None = None, head: bool = True, embedding_rows_only: bool = False,
-                    stop_at_last_norm: bool = False,
+                    stop_at_last_norm: bool = False, tokenizer=None,
                     on_part: Callable[[nn.Module, list[ParamInit]], None] | None = None) -> InitForward:
     """Walk `model` (built on meta) at init over `tokens`: the embedding, the first
     `n_blocks` blocks (all by default), and with `head` the final norm and the output.
     `cfg` is the γ-init (its seed `seed`), None for TorchTitan's own init. `on_part(part,
     plan)` is called for each part once it holds its initial values, except an embedding
     of which `embedding_rows_only` draws just the rows `tokens` look up, and a last block
-    that `stop_at_last_norm` runs only up to its last norm (neither with `head`)."""
+    that `stop_at_last_norm` runs only up to its last norm (neither with `head`). A model
+    that takes attention masks (flex) gets the trainer's, from `tokenizer`'s EOS."""
     if head and (embedding_rows_only or stop_at_last_norm):
         raise ValueError("the head needs the whole embedding (when tied) and the last block's output")
     titan_init = cfg is None
@@ -193,18 +195,19 @@ def forward_at_init(model: nn.Module, cfg: GammaInit | None, seed: int, tokens: 
         tied_head = emb.weight.detach().clone() if tied and head else None
         release(emb)
 
-    block_inputs = model.block_inputs(tokens.shape[1], "cpu")
+    block_inputs = model.block_inputs(tokens, "cpu", tokenizer)
     h = e
     blocks = list(model.layers.items())[:n_blocks]
     for i, layer in blocks:
         prefix = f"layers.{i}."
         own = [*layer.parameters(recurse=False), *layer.buffers(recurse=False)]  # drawn by no child's hook
-        stopped = (stop_at_last_norm and i == blocks[-1][0] and not own
-                   and _up_to_last_norm(layer, prefix, h, block_inputs, sites, materialise))
-        if not stopped:
-            materialise(layer, prefix)
-            with norm_input_hooks(layer, prefix, sites):
-                h = layer(h, *block_inputs)
+        with eager_reading():
+            stopped = (stop_at_last_norm and i == blocks[-1][0] and not own
+                       and _up_to_last_norm(layer, prefix, h, block_inputs, sites, materialise))
+            if not stopped:
+                materialise(layer, prefix)
+                with norm_input_hooks(layer, prefix, sites):
+                    h = layer(h, *block_inputs)
         release(layer)
 
     logits = None

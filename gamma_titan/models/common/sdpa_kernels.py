@@ -105,6 +105,11 @@ def attention_backend_lines(model_args, dtype: torch.dtype, device: torch.device
     """One line per attention kind: the kernel, the head dims SDPA sees, and a line
     starting with "WARNING" where it is the math kernel (full T x T scores in memory)."""
     device = torch.device(device)
+    if model_args.takes_attention_masks():  # flex: TorchTitan's compiled kernel, not SDPA
+        mask = getattr(model_args, "attn_mask_type", "causal").replace("_", "-")
+        return [f"attention {s.kind}: flex attention, {mask} mask from each batch's EOS tokens (TorchTitan's "
+                f"compiled kernel; head dims q/k {s.qk_head_dim}, v {s.v_head_dim}; "
+                f"{str(dtype).removeprefix('torch.')} on {device.type})" for s in model_args.attention_shapes()]
     if deterministic is None:
         deterministic = _deterministic_enforced()
     backends = attention_backends(model_args, dtype, device, deterministic, seq_len=seq_len)

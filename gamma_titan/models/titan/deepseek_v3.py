@@ -84,6 +84,12 @@ class DeepSeekV3Attention(Attention):
 
     gate = "none"
 
+    @property
+    def probe_scale(self) -> float:
+        """The softmax scale forward uses: 1/√qk_head_dim, times YaRN's mscale² past the
+        original context."""
+        return self.softmax_scale
+
     def probe_qk(self, x: torch.Tensor, freqs_cis: torch.Tensor, *args) -> tuple[torch.Tensor, torch.Tensor]:
         """Queries and keys as forward makes them, (bs, seqlen, local heads, qk_head_dim):
         the rotary slice of each rotated, the key's shared by every head (under TP, this

@@ -29,12 +29,14 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+from torchtitan.models.attention import FlexAttentionWrapper
 from torchtitan.models.moe.moe import MoE
 from torchtitan.models.utils import trunc_normal_
 
 from gamma_titan.errors import ConfigError
 from gamma_titan.init import GammaInit, gamma_init_, standard_fan_in
 from gamma_titan.models.common.args import GammaArgs, apply_gamma, gamma_init_config
+from gamma_titan.models.common.masks import trainer_masks
 
 from .moe import make_cpu_capable, reset_load
 
@@ -44,6 +46,15 @@ QKV_INIT_STD = 0.02
 
 #: [model_args] does not apply: TorchTitan's models take their shapes from their flavors.
 NO_MODEL_ARGS = ()
+
+
+def flavors_with(model_name: str, attn_types: tuple[str, ...]) -> str:
+    """"<model>'s sdpa and flex flavors: a, b, ..." (TorchTitan's flavors, and ours)."""
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    flavors = get_train_spec(model_name).model_args
+    names = sorted(f for f, a in flavors.items() if getattr(a, "attn_type", "sdpa") in attn_types)
+    return f"{model_name}'s {' and '.join(attn_types)} flavors: {', '.join(names)}"
 
 
 def param_group(name: str) -> str:
@@ -93,18 +104,7 @@ class TitanArgs(GammaArgs):
         """TorchTitan's own update (after GammaArgs in the MRO), then the [gamma] knobs
         that are set."""
         super(GammaArgs, self).update_from_config(job_config, **kwargs)
-        if getattr(self, "attn_type", "sdpa") == "flex":
-            # The trainer passes flex attention the block-causal mask it builds from the EOS
-            # token; the init report, `inspect` and the live diagnostics run the model on a
-            # probe batch without one, and flex without a mask attends both ways (measured:
-            # residual flow 0.147 at init against 0.346 for the same weights under SDPA).
-            from torchtitan.protocols.train_spec import get_train_spec
-
-            flavors = get_train_spec(job_config.model.name).model_args  # TorchTitan's flavors, ours too
-            sdpa = sorted(f for f, a in flavors.items() if getattr(a, "attn_type", "sdpa") == "sdpa")
-            raise ConfigError(f"model.flavor = {job_config.model.flavor!r}: flex attention is not supported yet (the "
-                              "init report and live diagnostics would run it without its block-causal mask); "
-                              f"{job_config.model.name}'s sdpa flavors: {', '.join(sdpa)}")
+        self.flavor_name, self.model_name = job_config.model.flavor, job_config.model.name  # for messages
         for f in job_config.model_args.__dataclass_fields__:
             if getattr(job_config.model_args, f) is not None:
                 raise ConfigError(f"model_args.{f}: {job_config.model.name} takes its shapes from its flavors "
@@ -123,9 +123,25 @@ class TitanArgs(GammaArgs):
         return None
 
     def check(self) -> None:
-        if self.attention_gate != "none" and getattr(self, "attn_type", "sdpa") == "varlen":
-            raise ConfigError("gamma.attention_gate: the gate is not wired for varlen attention; use a flavor "
-                              "with sdpa or flex attention, or gamma.attention_gate = \"none\"")
+        if self.attn_type_() == "varlen":
+            # TorchTitan's varlen attention is a compiled CUDA kernel; the init report walks
+            # the model on the CPU (measured: inspect died in an AssertionError without masks).
+            model = getattr(self, "model_name", None)
+            raise ConfigError(f"model.flavor = {getattr(self, 'flavor_name', None)!r}: varlen attention runs only on "
+                              "CUDA, and the init report runs the model on the CPU"
+                              + (f"; {flavors_with(model, ('sdpa', 'flex'))}" if model else ""))
+
+    def attn_type_(self) -> str:
+        """TorchTitan's attention kind: "sdpa", "flex" or "varlen" (qwen3's args may lack it)."""
+        return getattr(self, "attn_type", "sdpa")
+
+    def check_training_device(self, cuda: bool) -> None:
+        if self.attn_type_() == "flex" and not cuda:
+            # torch's flex_attention refuses a CPU tensor that needs a gradient
+            # (`_validate_device`, torch 2.13-2.15; tests/test_flex.py watches for the day it stops).
+            raise ConfigError(f"model.flavor = {getattr(self, 'flavor_name', None)!r}: flex attention has no backward "
+                              f"on a CPU (torch {torch.__version__}): train it on CUDA GPUs, or train an sdpa flavor "
+                              "here (`gamma-titan inspect` runs it on a CPU)")
 
     def check_parallelism(self, layout) -> None:
         """TorchTitan's model runs every parallelism its own trainer allows."""
@@ -137,10 +153,10 @@ class TitanArgs(GammaArgs):
         return True
 
     def takes_attention_masks(self) -> bool:
-        return getattr(self, "attn_type", "sdpa") in ("flex", "varlen")
+        return self.attn_type_() in ("flex", "varlen")
 
     def context_parallel_balancers(self) -> tuple[str | None, ...]:
-        return ("headtail", "ptrr", None) if getattr(self, "attn_type", "sdpa") == "flex" else ("headtail", None)
+        return ("headtail", "ptrr", None) if self.attn_type_() == "flex" else ("headtail", None)
 
     def expert_parallel_needs_cuda(self) -> bool:
         return True  # TorchTitan's ExpertParallel: no CPU path for its token permutation
@@ -223,6 +239,20 @@ def set_norm_eps(model: nn.Module, eps: float) -> None:
             module.eps = eps
 
 
+class FlexAttention(FlexAttentionWrapper):
+    """TorchTitan's flex attention, its compiled kernel kept on a GPU under the readers'
+    force_eager stance (models/common/masks.py `eager_reading`): eager flex attention holds
+    every score, B·H·T² fp32 values (34 GB for 8B_flex's 4-sequence probe at 8192 tokens).
+    On a CPU it runs eagerly there (no compilation for a probe of a few sequences); inside a
+    compiled region, as TorchTitan's."""
+
+    def forward(self, q, k, v, **kwargs):
+        if q.is_cuda and not torch.compiler.is_compiling():
+            with torch.compiler.set_stance("default"):
+                return super().forward(q, k, v, **kwargs)
+        return super().forward(q, k, v, **kwargs)
+
+
 class TitanKnobs:
     """Mixed in before a TorchTitan model class. Applies the knobs the args hold: ε after
     construction, γ-init after TorchTitan's init (called by the trainer once the model is
@@ -241,11 +271,12 @@ class TitanKnobs:
             h = layer(h, getattr(self, self.ROPE), attention_masks, positions)
         return self.norm(h)
 
-    def block_inputs(self, seq_len: int, device) -> tuple:
+    def block_inputs(self, tokens: torch.Tensor, device, tokenizer=None) -> tuple:
         """A block's arguments after the hidden states, for a reader running the blocks one
-        by one (inspect): the rotary table rebuilt on `device`, no masks (causal SDPA)."""
+        by one over `tokens` (inspect): the rotary table rebuilt on `device`, and the masks
+        the trainer would build (None under SDPA; flex: block-causal at `tokenizer`'s EOS)."""
         self.init_rope(device)
-        return (getattr(self, self.ROPE), None)
+        return (getattr(self, self.ROPE), trainer_masks(self, tokens.to(device), tokenizer))
 
     def init_rope(self, device) -> None:
         raise NotImplementedError
@@ -257,6 +288,8 @@ class TitanKnobs:
         args = self.model_args
         for block in self.layers.values():
             block.attention = (gated_attention if args.attention_gate != "none" else attention)(args)
+            if args.attn_type_() == "flex":
+                block.attention.inner_attention = FlexAttention()
             if getattr(block, "moe_enabled", False) and type(block.moe) is MoE:  # not DeepEP's (CUDA only)
                 make_cpu_capable(block.moe, args.moe_args)
         if args.every_norm_eps is not None:

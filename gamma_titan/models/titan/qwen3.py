@@ -90,6 +90,10 @@ class Qwen3Attention(Attention):
 
     gate = "none"
 
+    @property
+    def probe_scale(self) -> float:
+        return self.scaling  # the softmax scale forward uses
+
     def probe_qk(self, x: torch.Tensor, rope_cache: torch.Tensor, *args) -> tuple[torch.Tensor, torch.Tensor]:
         """Normed, rotated queries and keys, (bs, seqlen, local heads, head_dim), as forward
         makes them (under TP, this rank's heads: TorchTitan's plan keeps them DTensors)."""
