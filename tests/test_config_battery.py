@@ -135,7 +135,8 @@ BATTERY = [
      "replicas without shards are DDP, which takes no other parallelism; use "
      "--parallelism.data_parallel_replicate_degree 1 --parallelism.data_parallel_shard_degree 2 (shard 2 x tp 2)"),
     (MOE, ["--parallelism.tensor_parallel_degree", "2", "--parallelism.expert_parallel_degree", "2"], 4,
-     "parallelism.expert_parallel_degree = 2 with tensor_parallel_degree = 2 is not supported for gamma_moe yet; use "
+     "parallelism.expert_parallel_degree = 2 with tensor_parallel_degree = 2: parallelize_moe does not combine expert "
+     "and tensor parallelism yet; use "
      "--parallelism.data_parallel_shard_degree 4 --parallelism.tensor_parallel_degree 1 (shard 4 x ep 2)"),
     (MOE, ["--parallelism.tensor_parallel_degree", "2", "--parallelism.expert_tensor_parallel_degree", "2"], 2,
      "parallelism.expert_tensor_parallel_degree = 2 applies with expert parallelism only (expert_parallel_degree > "

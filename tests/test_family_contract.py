@@ -116,27 +116,76 @@ def test_a_module_with_no_plan_is_refused_by_pre_flight_in_one_line():
     preflight(config, world_size=2)  # the family's own model
 
 
-def test_the_moe_block_contract_is_checked_before_launch():
-    """A family reusing parallelize_moe with a block of its own: each attribute that
-    parallelize_moe, TorchTitan's EP/FSDP helpers and its load-balancing hook read is named
-    when missing, by the family's args in pre-flight (MOE_BLOCK_CONTRACT)."""
-    from gamma_titan.models.moe.parallelize import MOE_BLOCK_CONTRACT, check_moe_blocks
-    from gamma_titan.training.layout import Layout
+@pytest.fixture
+def reusing_family():
+    """A family of its own args (no check of its own beyond the shapes) that reuses
+    gamma_moe's model and parallelize_moe, registered under its own name."""
+    import dataclasses
 
-    config = load_job_config(["--job.config_file", str(DEBUG_TOML.parent.parent / "moe" / "debug.toml")])
+    from torchtitan.protocols import train_spec as registry
+
+    from gamma_titan.models.moe.args import MoEModelArgs
+    from gamma_titan.training.train_spec import register_families
+
+    register_families()
+
+    @dataclasses.dataclass
+    class ReusingArgs(MoEModelArgs):
+        def check_parallelism(self, layout) -> None:
+            """Its author copied none of gamma_moe's layout refusals."""
+
+    spec = registry.get_train_spec("gamma_moe")
+    flavors = {name: ReusingArgs(**{f.name: getattr(a, f.name) for f in dataclasses.fields(a)})
+               for name, a in spec.model_args.items()}
+    registry.register_train_spec("reusing_moe", dataclasses.replace(spec, model_args=flavors))
+    yield "reusing_moe"
+    del registry._extra_train_specs["reusing_moe"]
+
+
+def test_the_moe_contract_lives_with_parallelize_moe(reusing_family):
+    """A family reusing parallelize_moe inherits what it cannot take, declared with it
+    (MOE_CONTRACT): EP with TP is refused in one line before launch, and each attribute of
+    a block that parallelize_moe, TorchTitan's EP/FSDP helpers and its load-balancing hook
+    read is named when missing (MOE_BLOCK_CONTRACT). Before, EP x TP passed a family's args
+    without gamma_moe's copy of the refusal and crashed after launch."""
+    from gamma_titan.models.moe.parallelize import MOE_BLOCK_CONTRACT
+    from gamma_titan.training.preflight import check_parallelism
+
+    moe_toml = DEBUG_TOML.parent.parent / "moe" / "debug.toml"
+    config = load_job_config(["--job.config_file", str(moe_toml), "--model.name", reusing_family,
+                              "--parallelism.tensor_parallel_degree", "2", "--parallelism.expert_parallel_degree", "2"])
     spec, args = resolve_model(config)
-    args.check_model(spec.model_cls, Layout())  # gamma_moe keeps its contract
-    with torch.device("meta"):
-        model = spec.model_cls(args)
-    moe_index = next(i for i, block in model.layers.items() if block.moe_enabled)
-    del model.layers[moe_index].moe.load_balance_coeff
+    assert type(args).__name__ == "ReusingArgs"
     with pytest.raises(ConfigError) as err:
-        check_moe_blocks(model)
-    name = type(model.layers[moe_index]).__name__
-    assert str(err.value) == (f"block layers.{moe_index} ({name}) has moe_enabled but no moe.load_balance_coeff: "
-                              "parallelize_moe, TorchTitan's expert-parallel and FSDP helpers and its load-balancing "
-                              "hook read it (models/moe/parallelize.py MOE_BLOCK_CONTRACT)")
-    del model.layers["0"].moe_enabled
+        check_parallelism(config, 4, args, cuda=False, model_cls=spec.model_cls)
+    assert str(err.value) == (
+        "parallelism.expert_parallel_degree = 2 with tensor_parallel_degree = 2: parallelize_moe does not combine "
+        "expert and tensor parallelism yet; use --parallelism.data_parallel_shard_degree 4 "
+        "--parallelism.tensor_parallel_degree 1 (shard 4 x ep 2)")
+
+    config = load_job_config(["--job.config_file", str(moe_toml), "--model.name", reusing_family])
+    spec, args = resolve_model(config)
+    check_parallelism(config, 1, args, cuda=False, model_cls=spec.model_cls)  # gamma_moe's blocks keep the contract
+
+    def without(*path: str):
+        class Broken(spec.model_cls):
+            def __init__(self, args):
+                super().__init__(args)
+                block = next(b for b in self.layers.values() if b.moe_enabled) if path[0] != "moe_enabled" \
+                    else self.layers["0"]
+                owner = block
+                for part in path[:-1]:
+                    owner = getattr(owner, part)
+                delattr(owner, path[-1])
+
+        return Broken
+
+    with pytest.raises(ConfigError) as err:
+        check_parallelism(config, 1, args, cuda=False, model_cls=without("moe", "load_balance_coeff"))
+    assert str(err.value) == (
+        "block layers.1 (MoEBlock) has moe_enabled but no moe.load_balance_coeff: parallelize_moe, "
+        "TorchTitan's expert-parallel and FSDP helpers and its load-balancing hook read it "
+        "(models/moe/parallelize.py MOE_BLOCK_CONTRACT)")
     with pytest.raises(ConfigError, match=r"^block layers.0 \(\w+\) has no moe_enabled: parallelize_moe reads it"):
-        check_moe_blocks(model)
+        check_parallelism(config, 1, args, cuda=False, model_cls=without("moe_enabled"))
     assert "moe.experts.num_experts" in MOE_BLOCK_CONTRACT and "moe.expert_bias" in MOE_BLOCK_CONTRACT

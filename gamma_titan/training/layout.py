@@ -185,8 +185,23 @@ class LayoutRules:
             return (f"parallelism.expert_parallel_degree = {ep} must divide the data-parallel shard degree "
                     f"({shard}) x context parallel degree ({cp})", [replace(layout, ep=fit, etp=etp if fit > 1 else 1)])
         if args is not None:
+            refused = self.parallelize_contract().layout_problem
+            problem = refused(layout) if refused is not None else None
+            if problem is not None:
+                return problem, []
             try:
                 args.check_parallelism(layout)
             except ConfigError as e:
                 return str(e), []
         return None
+
+    def parallelize_contract(self):
+        """What the parallelize function of the model's TrainSpec declares it cannot take
+        (models/common/parallelize.py ParallelizeContract): shared by every family using it."""
+        from torchtitan.protocols.train_spec import get_train_spec
+
+        from gamma_titan.models.common.parallelize import contract_of
+        from gamma_titan.training.train_spec import register_families
+
+        register_families()
+        return contract_of(get_train_spec(self.name).parallelize_fn)

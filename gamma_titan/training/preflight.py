@@ -28,19 +28,26 @@ def global_batch_size(training, data_parallel_degree: int) -> int:
 
 
 def check_parallelism(config, world_size: int, args, cuda: bool | None = None, model_cls=None) -> None:
-    """The layout (training/layout.py: one line naming a layout that works), then what it
-    needs of the other keys, and what the family's parallelize reads of `model_cls` (its TP
-    plan, its MoE blocks); `cuda`: whether the ranks have GPUs (default: this machine)."""
+    """The layout (training/layout.py: one line naming a layout that works, the parallelize
+    function's own refusals included), then what it needs of the other keys, and what the
+    family's parallelize reads of `model_cls` (its TP plan; the blocks the function's
+    contract asks for, such as parallelize_moe's); `cuda`: whether the ranks have GPUs
+    (default: this machine)."""
     from gamma_titan.training.layout import LayoutRules
     from gamma_titan.training.pipeline import check_pipeline
 
     p = config.parallelism  # each degree is an integer >= 1, or -1 where allowed (config/titan_keys.py)
     cuda = torch.cuda.is_available() if cuda is None else cuda
-    layout = LayoutRules(args, config.model.name, cuda=cuda).resolve(p, world_size)
+    rules = LayoutRules(args, config.model.name, cuda=cuda)
+    layout = rules.resolve(p, world_size)
     if layout.pp > 1:
         check_pipeline(config, args.pipeline_blocks(), cuda=cuda)
     if model_cls is not None:
         args.check_model(model_cls, layout)
+        check_model = rules.parallelize_contract().check_model
+        if check_model is not None:
+            with torch.device("meta"):
+                check_model(model_cls(args), layout)
     ep = layout.ep
     ac = config.activation_checkpoint
     if ep > 1 and ac.mode == "selective" and ac.selective_ac_option == "op" and sac_replays_fsdp_hooks():

@@ -9,6 +9,7 @@ attention gate is column-parallel like the queries, so each rank gates its own h
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -206,6 +207,33 @@ def attention_tp_plan(attention: nn.Module, styles: TPStyles) -> dict:
     if hasattr(attention, "wq"):
         return plan | {"wq": colwise()}
     return plan | {"wq_a": NoParallel(), "q_norm": NoParallel(), "wq_b": colwise()}
+
+
+@dataclass(frozen=True)
+class ParallelizeContract:
+    """What a parallelize function cannot take, declared with the function
+    (`declare_contract`) so that every family reusing it inherits the refusals: pre-flight
+    asks `layout_problem(layout)` (training/layout.py: a one-line problem, or None) and runs
+    `check_model(model, layout)` on the family's model built on the meta device (raises
+    ConfigError naming what is missing)."""
+
+    layout_problem: Callable[[object], str | None] | None = None
+    check_model: Callable[[nn.Module, object], None] | None = None
+
+
+def declare_contract(contract: ParallelizeContract):
+    """Decorate a parallelize function with its contract (`functools.wraps` keeps it on a
+    wrapper, as training/train_spec.py's)."""
+    def declare(parallelize_fn):
+        parallelize_fn.contract = contract
+        return parallelize_fn
+
+    return declare
+
+
+def contract_of(parallelize_fn) -> ParallelizeContract:
+    """The contract a parallelize function declares; an empty one where it declares none."""
+    return getattr(parallelize_fn, "contract", ParallelizeContract())
 
 
 #: The TP plans of the shared modules, by type (a family's own module can bring a

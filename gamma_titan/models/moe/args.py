@@ -142,26 +142,15 @@ class MoEModelArgs(HeadShape, GammaArgs):
         the experts, and float8 rounding would reorder near-ties."""
         return ["output", "moe.router.gate"] + (["attention.gate_proj"] if self.attention_gate == "headwise" else [])
 
-    def needs_model_check(self, layout) -> bool:
-        return True  # the MoE block contract, at every layout
-
-    def check_built_model(self, model, layout) -> None:
-        from .parallelize import check_moe_blocks
-
-        super().check_built_model(model, layout)
-        check_moe_blocks(model)
-
     def check_parallelism(self, layout) -> None:
-        """Heads and MLP widths split by TP; routed experts by EP, which TP excludes (for now)."""
+        """Heads and MLP widths split by TP; routed experts by EP (parallelize_moe's own
+        contract refuses EP with TP)."""
         check_tensor_parallel(self, layout.tp, ("ffn_hidden_dim", "moe_hidden_dim"))
         if layout.ep <= 1:
             return
         if self.n_routed_experts % layout.ep:
             raise ConfigError(f"parallelism.expert_parallel_degree = {layout.ep} must divide "
                               f"model_args.n_routed_experts = {self.n_routed_experts}")
-        if layout.tp > 1:
-            raise ConfigError(f"parallelism.expert_parallel_degree = {layout.ep} with tensor_parallel_degree = "
-                              f"{layout.tp} is not supported for gamma_moe yet")
 
     def expert_parallel_divisor(self) -> int:
         return self.n_routed_experts

@@ -8,7 +8,9 @@ data-parallel ranks) with all-to-all token dispatch; everything else is FSDP-sha
 in the dense model, the experts over the remaining `efsdp` ranks. TP covers the attention
 (MHA or MLA, models/common/parallelize.attention_tp_plan), the shared experts and the
 routed experts' hidden dimension; TP together with EP is refused by the pre-flight
-checks for now.
+checks for now. Both that refusal and the blocks' contract (MOE_BLOCK_CONTRACT) are
+declared with `parallelize_moe` (MOE_CONTRACT): a family that reuses it is checked for
+them before launch, with nothing to copy.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from torchtitan.models.llama4.infra.parallelize import apply_compile, apply_fsdp
 from torchtitan.tools.logging import logger
 
 from gamma_titan.models.common.moe import TokenChoiceRouter
-from gamma_titan.models.common.parallelize import apply_context_parallel, apply_tp
+from gamma_titan.models.common.parallelize import (ParallelizeContract, apply_context_parallel, apply_tp,
+                                                   declare_contract)
 
 from .expert_parallel import ExpertParallel
 
@@ -62,6 +65,20 @@ def check_moe_blocks(model: nn.Module) -> None:
                 node = getattr(node, part)
 
 
+def check_moe_layout(layout) -> str | None:
+    """What parallelize_moe cannot apply: EP and TP together (it does not yet plan the
+    routed experts' TP inside the EP groups)."""
+    if layout.ep > 1 and layout.tp > 1:
+        return (f"parallelism.expert_parallel_degree = {layout.ep} with tensor_parallel_degree = {layout.tp}: "
+                "parallelize_moe does not combine expert and tensor parallelism yet")
+    return None
+
+
+MOE_CONTRACT = ParallelizeContract(layout_problem=check_moe_layout,
+                                   check_model=lambda model, layout: check_moe_blocks(model))
+
+
+@declare_contract(MOE_CONTRACT)
 def parallelize_moe(model: nn.Module, parallel_dims: ParallelDims, job_config) -> nn.Module:
     if parallel_dims.tp_enabled:
         # Attention, norms, embedding, output and dense layers: the dense model's plan;
