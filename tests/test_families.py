@@ -6,8 +6,10 @@ same few launches, with no list to edit when a family is added:
 * one process (the reference; checkpointed), and again in 2 micro-batches (the tolerance);
 * FSDP 2, TP 2, PP 2 and DDP 2 in one 2-rank launch: the losses, validation loss and every
   rank's final parameters as one process's, within 25x what the micro-batches alone move
-  (as tests/test_layouts.py measures its tolerances); for a family with routed experts, TP 2
-  with torch.compile too (TorchTitan's apply_compile wraps each router);
+  (as tests/test_layouts.py measures its tolerances); for a family with routed experts,
+  which route by their real top-k scores (and expert bias) here, also EP 2 where pre-flight
+  takes it on a CPU, TP 2 with torch.compile (TorchTitan's apply_compile wraps each router),
+  and round-robin routing (debug.moe_force_load_balance), FSDP 2 against one process;
 * the live diagnostics at step 1 (sink score, residual flow, ε-domination per norm), the
   same on FSDP 2 and TP 2 as on one process;
 * the checkpoint converted to Hugging Face (`convert to-hf`), loaded by transformers with
@@ -69,7 +71,15 @@ DIAGNOSTICS = {True: ("--gamma.diagnostics.enable", "true"), False: ("--gamma.di
 #: name: (degrees, live diagnostics). The diagnostics need the whole model on a rank:
 #: pre-flight refuses them under PP.
 LAYOUTS = {"one": ({}, True), "ga2": ({}, False), "fsdp2": ({"shard": 2}, True), "tp2": ({"tp": 2}, True),
-           "tp2c": ({"tp": 2}, True), "pp2": ({"pp": 2}, False), "ddp2": ({"replicate": 2}, True)}
+           "tp2c": ({"tp": 2}, True), "pp2": ({"pp": 2}, False), "ddp2": ({"replicate": 2}, True),
+           "ep2": ({"shard": 2, "ep": 2}, True), "one_forced": ({}, False), "fsdp2_forced": ({"shard": 2}, False)}
+#: Routed experts route by their real top-k scores (and expert bias) at every layout; these
+#: two layouts route round-robin instead (TorchTitan's debug.moe_force_load_balance), one
+#: process against FSDP 2. A family without routed experts skips them and ep2.
+FORCED = {"one_forced": ("--debug.moe_force_load_balance", "true"),
+          "fsdp2_forced": ("--debug.moe_force_load_balance", "true")}
+#: The run each layout is compared with.
+REFERENCE = {"fsdp2_forced": "one_forced"}
 #: Layouts trained with torch.compile (the eager backend: the module tree and the traced graph
 #: of a GPU run, without Inductor's compile time), and the families they are for: those with
 #: routed experts, whose router TorchTitan's apply_compile swaps for a compiled wrapper (a
@@ -86,8 +96,6 @@ def family_argv(family: str) -> tuple[list[str], object]:
     config, overrides = family_debug_config(family)
     argv = ["--job.config_file", str(config), *overrides, *RUN]
     _, args = resolve_model(load_job_config(argv))
-    if args.expert_parallel_divisor() > 1:  # routed experts: top-k routing would amplify the same differences
-        argv += ["--debug.moe_force_load_balance", "true"]
     return argv, LayoutRules(args, family, cuda=False)
 
 
@@ -97,20 +105,23 @@ def cases(family: str) -> tuple[dict[int, list[dict]], dict[str, str]]:
     from gamma_titan.training.layout import Layout
 
     (argv, rules), out, refused = family_argv(family), {}, {}
-    routed = "--debug.moe_force_load_balance" in argv
+    routed = rules.args.expert_parallel_divisor() > 1
     for name, (degrees, diagnostics) in LAYOUTS.items():
         layout = Layout(**degrees)
         problem = rules.problem(layout)
         if name in COMPILED and not routed:
             problem = ("no routed experts: compile wraps no router here",)
+        if name in FORCED and not routed:
+            problem = ("no routed experts: no routing to force",)
         if problem is not None:
             refused[name] = problem[0]
             continue
         local = GLOBAL_BATCH // layout.data_parallel // (2 if name == "ga2" else 1)
-        case = {"name": f"{family}-{name}", "save": name == "one",
-                "reference": None if name == "one" else f"{family}-one",
+        saves = name in ("one", "one_forced")
+        case = {"name": f"{family}-{name}", "save": saves,
+                "reference": None if saves else f"{family}-{REFERENCE.get(name, 'one')}",
                 "argv": [*argv, *layout.flags().split(), "--training.local_batch_size", str(local),
-                         *DIAGNOSTICS[diagnostics], *COMPILED.get(name, ())]}
+                         *DIAGNOSTICS[diagnostics], *COMPILED.get(name, ()), *FORCED.get(name, ())]}
         if name == "one":
             case["argv"] += ["--checkpoint.enable", "true", "--checkpoint.interval", str(STEPS)]
         out.setdefault(layout.world, []).append(case)
@@ -136,9 +147,10 @@ def family(request, tmp_path_factory, builtin_assets) -> dict:
     ref = runs["one"]
     tolerance = {"loss": max(25 * relative(losses(runs["ga2"]), losses(ref)), 1e-6),
                  "params": max(25 * runs["ga2"]["params"][0]["update_rel_diff"], PARAMS_FLOOR)}
-    for layout in sorted(runs.keys() - {"one", "ga2"}):
+    for layout in sorted(runs.keys() - {"one", "ga2", "one_forced"}):
         worst = max(rank["update_rel_diff"] for rank in runs[layout]["params"])
-        print(f"{name} {layout}: loss {relative(losses(runs[layout]), losses(ref)):.1e} "
+        against = runs[REFERENCE.get(layout, "one")]
+        print(f"{name} {layout}: loss {relative(losses(runs[layout]), losses(against)):.1e} "
               f"(allowed {tolerance['loss']:.1e}), parameters {worst:.1e} (allowed {tolerance['params']:.1e})")
     return {"name": name, "runs": runs, "tolerance": tolerance, "refused": refused}
 
@@ -155,13 +167,19 @@ def losses(run: dict) -> list[float]:
     return [r["loss"] for r in run["records"] if "loss" in r]
 
 
+def loads(run: dict) -> list[float]:
+    """Every logged busiest-expert load over the mean (MoE layers, every step)."""
+    return [v for r in run["records"] for k, v in r.items() if k.startswith("moe/load_max_over_mean/")]
+
+
 def val_losses(run: dict) -> list[tuple[int, float]]:
     return [(r["step"], r["val_loss"]) for r in run["records"] if "val_loss" in r]
 
 
-@pytest.mark.parametrize("layout", ["fsdp2", "tp2", "tp2c", "pp2", "ddp2"])
+@pytest.mark.parametrize("layout", ["fsdp2", "tp2", "tp2c", "pp2", "ddp2", "ep2", "fsdp2_forced"])
 def test_two_ranks_train_the_model_one_process_trains(family, layout):
-    ref, run, tol = family["runs"]["one"], trained(family, layout), family["tolerance"]
+    run, tol = trained(family, layout), family["tolerance"]
+    ref = family["runs"][REFERENCE.get(layout, "one")]
     assert len(losses(ref)) == STEPS and losses(ref)[-1] < losses(ref)[0]
     assert relative(losses(run), losses(ref)) <= tol["loss"], (losses(run), losses(ref), tol)
     assert [s for s, _ in val_losses(run)] == [s for s, _ in val_losses(ref)] == [1, STEPS]
@@ -179,6 +197,9 @@ def test_two_ranks_train_the_model_one_process_trains(family, layout):
         assert held["unsharded"] > 0
     if layout == "pp2":  # two stages, each a part of the model
         assert all(len(numbers["names"]) < ranks[0]["reference_names"] for numbers in ranks)
+    if layout == "fsdp2_forced":  # round-robin: every expert as busy as the mean; real routing is not
+        assert loads(run) and set(loads(run)) == set(loads(ref)) == {1.0}
+        assert max(loads(family["runs"]["one"])) > 1.0
     if layout == "ddp2":  # replicas sum the gradient of the global mean, not average it again
         grad_norms = [[r["grad_norm"] for r in x["records"] if "grad_norm" in r] for x in (run, ref)]
         assert grad_norms[0] == pytest.approx(grad_norms[1], rel=1e-4)
@@ -205,7 +226,7 @@ def diagnostics(run: dict) -> dict[str, float]:
             if k.startswith("gamma/") and k != "gamma/diagnostics_seconds"}
 
 
-@pytest.mark.parametrize("layout", ["fsdp2", "tp2", "tp2c", "ddp2"])
+@pytest.mark.parametrize("layout", ["fsdp2", "tp2", "tp2c", "ddp2", "ep2"])
 def test_the_live_diagnostics_match_one_process(family, layout):
     """At step 1: the sink score, the residual flow read at the blocks' boundaries and the
     ε-domination at every norm, wherever the block puts its norms."""
@@ -229,6 +250,8 @@ def test_the_checkpoint_converts_to_hugging_face_and_back(family, tmp_path, caps
     from gamma_titan.reports.tokens import load_model
 
     step = family["runs"]["one"]["dir"] / "checkpoint" / f"step-{STEPS}"
+    bias = [v for k, v in load_model_state(step).items() if k.endswith("expert_bias")]
+    assert all(b.abs().sum() > 0 for b in bias)  # routed by top-k, the expert bias trained: converted too
     # transformers caches remote code by the folder's name: one name per family
     hf_dir = tmp_path / f"hf_{family['name']}"
     back = TRAIN_SPECS[family["name"]].state_dict_adapter.HF_MODEL_TYPES

@@ -208,7 +208,15 @@ def cases() -> list[dict]:
                             "diagnostics": measured, "argv": [*argv, *extra, *(DIAGNOSTICS if measured else ())]})
     out.append({"name": "dense-no_diagnostics", "family": "dense", "world": 1, "kind": "no diagnostics",
                 "argv": [*family_argv("dense"), "--training.local_batch_size", str(GLOBAL_BATCH)]})
+    out.append({"name": MISTAKE, "family": "dense", "world": 2, "kind": "mistake", "reference": None,
+                "argv": [*family_argv("dense"), "--model.name", "dense_noparallel_qk_norms",
+                         "--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1",
+                         "--training.local_batch_size", str(GLOBAL_BATCH)]})
     return out + resume_cases()
+
+
+#: tests/scripts/mistaken_family.py: QK-norms planned NoParallel under TP 2.
+MISTAKE = "dense-tp-noparallel_qk_norms"
 
 
 #: Resumes: 6 steps, checkpointed at step 3.
@@ -269,7 +277,8 @@ def matrix(tmp_path_factory, builtin_assets):
                                key=lambda pw: (pw[0], LAUNCH_ORDER.index(pw[1]))):
         start = time.monotonic()
         batch = [c for c in every if c["world"] == world and c.get("phase", 0) == phase]
-        launch_cases(out, world, [{**c, "reference": None if c.get("save") else c["family"]} for c in batch])
+        launch_cases(out, world, [{**c, "reference": c.get("reference", None if c.get("save") else c["family"])}
+                                  for c in batch])
         seconds[phase, world] = time.monotonic() - start
     results = {}
     for case in every:
@@ -315,7 +324,7 @@ def tolerances(matrix, family: str) -> dict[str, float]:
 
 
 def layout_names() -> list[str]:
-    return [c["name"] for c in cases() if c["world"] > 1 and c.get("kind") != "resume"
+    return [c["name"] for c in cases() if c["world"] > 1 and c.get("kind") not in ("resume", "mistake")
             and not c["name"].endswith("-grouped")]
 
 
@@ -345,6 +354,22 @@ def test_layout_trains_the_model_one_process_trains(matrix, name):
     # every weight held whole on several ranks (a replica's, a TP-replicated norm's or router's,
     # MLA's NoParallel projections and norms) is the same on all of them
     assert run["run"]["copies_differ"] == [], run["run"]["copies_differ"]
+
+
+def test_the_copies_check_catches_norms_planned_noparallel(matrix):
+    """The check above can fail: a family whose QK-norms are planned NoParallel under TP
+    (tests/scripts/mistaken_family.py) passes pre-flight and trains, and its ranks' copies
+    of exactly those norms differ (each rank's gradient is its own heads'); every other
+    weight held whole still agrees."""
+    from gamma_titan.config import load_job_config
+    from gamma_titan.training.train_spec import resolve_model
+
+    run = matrix[MISTAKE]
+    n_layers = resolve_model(load_job_config(family_argv("dense")))[1].n_layers
+    assert run["run"]["copies_differ"] == sorted(
+        f"layers.{i}.attention.{norm}.weight" for i in range(n_layers) for norm in ("k_norm", "q_norm"))
+    assert run["run"]["unsharded"] > len(run["run"]["copies_differ"])  # the block norms, replicated, agree
+    assert len(run["losses"]) == STEPS
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
