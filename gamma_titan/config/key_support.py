@@ -91,6 +91,11 @@ def effective_readers(readers: list[str]) -> list[str]:
     return [r for r in readers if r not in COPIERS]
 
 
+def _degree_above_one(degree: str):
+    """A _WAITS_FOR entry: the key waits for `parallelism.<degree>` > 1."""
+    return (lambda c: getattr(c.parallelism, degree) > 1, f"parallelism.{degree} > 1")
+
+
 #: Keys that wait for another key to turn them on: {key or section prefix: (is it on?, what turns it on)}.
 #: A section with an `enable` switch needs no entry (its keys wait for `enable = true`).
 _WAITS_FOR = {
@@ -103,18 +108,13 @@ _WAITS_FOR = {
     "profiling.": (lambda c: c.profiling.enable_profiling, "profiling.enable_profiling = true"),
     "metrics.save_tb_folder": (lambda c: c.metrics.enable_tensorboard, "metrics.enable_tensorboard = true"),
     "activation_checkpoint.": (lambda c: c.activation_checkpoint.mode != "none", "activation_checkpoint.mode"),
-    "parallelism.pipeline_parallel_": (lambda c: c.parallelism.pipeline_parallel_degree > 1,
-                                       "parallelism.pipeline_parallel_degree > 1"),
-    "parallelism.module_fqns_per_model_part": (lambda c: c.parallelism.pipeline_parallel_degree > 1,
-                                               "parallelism.pipeline_parallel_degree > 1"),
-    "parallelism.context_parallel_": (lambda c: c.parallelism.context_parallel_degree > 1,
-                                      "parallelism.context_parallel_degree > 1"),
-    "parallelism.expert_parallel_comm_backend": (lambda c: c.parallelism.expert_parallel_degree > 1,
-                                                 "parallelism.expert_parallel_degree > 1"),
-    "parallelism.enable_async_tensor_parallel": (lambda c: c.parallelism.tensor_parallel_degree > 1,
-                                                 "parallelism.tensor_parallel_degree > 1"),
-    "parallelism.disable_loss_parallel": (lambda c: c.parallelism.tensor_parallel_degree > 1,
-                                          "parallelism.tensor_parallel_degree > 1"),
+    **{prefix: _degree_above_one(degree) for prefix, degree in (
+        ("parallelism.pipeline_parallel_", "pipeline_parallel_degree"),
+        ("parallelism.module_fqns_per_model_part", "pipeline_parallel_degree"),
+        ("parallelism.context_parallel_", "context_parallel_degree"),
+        ("parallelism.expert_parallel_comm_backend", "expert_parallel_degree"),
+        ("parallelism.enable_async_tensor_parallel", "tensor_parallel_degree"),
+        ("parallelism.disable_loss_parallel", "tensor_parallel_degree"))},
 }
 
 

@@ -15,6 +15,7 @@ import torch.distributed._functional_collectives as funcol
 from torch.overrides import TorchFunctionMode
 
 import gamma_titan  # noqa: F401  (CPU platform shims before torchtitan)
+from all_reduce_count import all_reduces, count_all_reduces
 from torchtitan.models.moe import kernels as moe_kernels
 from gamma_titan.config import load_job_config
 from gamma_titan.training.preflight import preflight
@@ -79,7 +80,6 @@ def counted(base):
     return Counted
 
 
-all_reduces = [0]
 paused = [False]
 
 
@@ -99,17 +99,8 @@ def uncounted(fill_indices_cpu):
 moe_kernels.fill_indices_cpu = uncounted(moe_kernels.fill_indices_cpu)
 
 
-def counting(all_reduce):
-    def counted_all_reduce(*args, **kwargs):
-        all_reduces[0] += 1
-        return all_reduce(*args, **kwargs)
-
-    return counted_all_reduce
-
-
 # The trainers call both through their modules, so the module attributes are what count.
-dist.all_reduce = counting(dist.all_reduce)
-funcol.all_reduce = counting(funcol.all_reduce)
+count_all_reduces(dist, funcol)
 
 
 def main() -> None:

@@ -43,6 +43,7 @@ from torch.distributed.tensor import DTensor
 
 import gamma_titan  # noqa: F401  (platform shims before torchtitan)
 import key_reads
+from all_reduce_count import all_reduces, count_all_reduces
 import mistaken_family
 from gamma_titan.config import load_job_config
 from gamma_titan.errors import ConfigError
@@ -107,19 +108,8 @@ def link_checkpoint(source: Path, target: Path) -> None:
 
 mistaken_family.register()  # a case may train it (model.name = mistaken_family.NAME)
 
-all_reduces = [0]
-
-
-def counting(all_reduce):
-    def counted_all_reduce(*args, **kwargs):
-        all_reduces[0] += 1
-        return all_reduce(*args, **kwargs)
-
-    return counted_all_reduce
-
-
 # Whoever calls it (FSDP's reduction, TorchTitan's norm, ours) calls it through the module.
-dist.all_reduce = counting(dist.all_reduce)
+count_all_reduces(dist)
 
 
 @functools.cache
