@@ -135,24 +135,26 @@ def test_the_init_report_of_a_flex_flavor_keeps_each_document_to_itself(model, g
 
 @pytest.mark.parametrize("model, gate", CASES[1::2])
 def test_the_live_diagnostics_of_a_flex_flavor_use_the_trainers_mask(model, gate):
-    """LiveDiagnostics given the run's tokenizer: with one document per sequence, every
+    """LiveDiagnostics given the trainer's masks: with one document per sequence, every
     number equals the SDPA twin's on the same weights (the sink score included: it is
     computed under the mask); with an EOS inside, the residual flow is the per-document
     one and the sink score moves to each document's first token."""
     from gamma_titan.config import Diagnostics
     from gamma_titan.diagnostics import LiveDiagnostics
+    from gamma_titan.models.common.masks import trainer_masks
 
     tokens = probe_batch(model)[:, :48]
     flex, sdpa = built(model, f"{SDPA_TWIN[model]}_flex_attn", gate), built(model, SDPA_TWIN[model], gate)
     cfg = Diagnostics(enable=True)
-    one_doc = LiveDiagnostics(cfg, flex, tokens, tokenizer=Eos(unused_token(tokens))).activations()
+    one_doc = LiveDiagnostics(cfg, flex, tokens, masks=trainer_masks(flex, tokens, Eos(unused_token(tokens))))
+    one_doc = one_doc.activations()
     twin = LiveDiagnostics(cfg, sdpa, tokens).activations()
     assert one_doc.keys() == twin.keys() and any(k.startswith("sink_score/layer_") for k in twin)
     for key, value in twin.items():
         assert one_doc[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
 
     eos = tokens[0, 20].item()
-    split = LiveDiagnostics(cfg, flex, tokens, tokenizer=Eos(eos)).activations()
+    split = LiveDiagnostics(cfg, flex, tokens, masks=trainer_masks(flex, tokens, Eos(eos))).activations()
     e, h = block_causal_reference(sdpa, tokens, eos)
     assert split["residual_flow_ratio"] == pytest.approx(((h - e).norm() / e.norm()).item(), rel=1e-4)
     assert split["sink_score/mean"] != pytest.approx(twin["sink_score/mean"], rel=1e-3)

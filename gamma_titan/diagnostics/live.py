@@ -32,7 +32,6 @@ import torch
 from torch import nn
 
 from gamma_titan.init import canonical_name
-from gamma_titan.models.common.masks import eager_reading, trainer_masks
 
 from .buffers import buffers_restored
 from .probe import ActivationProbe, to_host
@@ -87,13 +86,12 @@ def build_probe_batch(job_config, tokenizer) -> torch.Tensor:
 
 
 class LiveDiagnostics:
-    """`tokenizer` (its eos_id): for a model that takes attention masks, the probe's are
-    the ones the trainer builds (flex: block-causal at EOS), built once."""
+    """`masks`: for a model that takes attention masks, the ones the trainer builds for the
+    probe tokens (models/common/masks.py `trainer_masks`; flex: block-causal at EOS)."""
 
     def __init__(self, cfg, model: nn.Module, probe_tokens: torch.Tensor,
-                 tp_group=None, cosine_params: list[str] | None = None, tokenizer=None):
-        self.cfg, self.model, self.tokens, self.tp_group = cfg, model, probe_tokens, tp_group
-        self.masks = trainer_masks(model, probe_tokens, tokenizer)
+                 tp_group=None, cosine_params: list[str] | None = None, masks=None):
+        self.cfg, self.model, self.tokens, self.tp_group, self.masks = cfg, model, probe_tokens, tp_group, masks
         self.stable_ranks = StableRanks()
         matrices = [n for n, w in weight_matrices(model).items() if w.ndim == 2]
         self.cosine_params = cosine_params or cfg.cosine_params or [
@@ -119,7 +117,7 @@ class LiveDiagnostics:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(buffers_restored(model))
                 stack.enter_context(torch.random.fork_rng(devices=rng_devices))
-                stack.enter_context(eager_reading())
+                stack.enter_context(torch.compiler.set_stance("force_eager"))
                 probe = stack.enter_context(ActivationProbe(model, self.tp_group))
                 model.eval()
                 model(self.tokens, self.masks, head=False)

@@ -38,6 +38,7 @@ from gamma_titan.init import canonical_name
 from gamma_titan.models.common.parallelize import FLOAT8_LINEAR
 from gamma_titan.training.checkpoint import GammaCheckpointManager, SaveTimeouts
 from gamma_titan.diagnostics import LiveDiagnostics, build_probe_batch, diagnostics_due
+from gamma_titan.models.common.masks import trainer_masks
 from gamma_titan.models.common.moe import RoutingLedger, set_aux_grad_scale, set_micro_batch_share
 from gamma_titan.training.graceful_stop import GracefulStop
 from gamma_titan.training.step_guard import StepGuard, step_verdict
@@ -95,7 +96,7 @@ class GammaTrainer(Trainer):
             tp = self.parallel_dims.get_optional_mesh("tp")
             self.diagnostics = LiveDiagnostics(cfg, self.model_parts[0], tokens,
                                                tp_group=tp.get_group() if tp is not None else None,
-                                               tokenizer=self.tokenizer)
+                                               masks=trainer_masks(self.model_parts[0], tokens, self.tokenizer))
             self.metrics_processor.diagnostics_attached = True
             if job_config.checkpoint.enable:
                 self.checkpointer.track_diagnostics(self.diagnostics, job_config.checkpoint.load_step)

@@ -36,9 +36,10 @@ def trainer_masks(model: nn.Module, tokens: torch.Tensor, tokenizer) -> object |
 
 @contextmanager
 def eager_reading():
-    """A reader's forward: compiled code bypassed (no recompilation for the reader's shapes;
-    flex attention's own compiled kernel excepted on a GPU, models/titan/knobs.py), and
-    torch's warning about uncompiled flex attention silenced."""
+    """The init walk's forward: compiled code bypassed (no compilation for the walk's
+    shapes; flex attention's own compiled kernel excepted on a GPU, models/titan/knobs.py),
+    and torch's warning about uncompiled flex attention silenced. (The live diagnostics
+    bypass compiled code too, on the run's device.)"""
     with warnings.catch_warnings(), torch.compiler.set_stance("force_eager"):
         warnings.filterwarnings("ignore", message=EAGER_FLEX_WARNING)
         yield

@@ -123,7 +123,7 @@ class TitanArgs(GammaArgs):
         return None
 
     def check(self) -> None:
-        if self.attn_type_() == "varlen":
+        if self.attention_kind() == "varlen":
             # TorchTitan's varlen attention is a compiled CUDA kernel; the init report walks
             # the model on the CPU (measured: inspect died in an AssertionError without masks).
             model = getattr(self, "model_name", None)
@@ -131,12 +131,12 @@ class TitanArgs(GammaArgs):
                               "CUDA, and the init report runs the model on the CPU"
                               + (f"; {flavors_with(model, ('sdpa', 'flex'))}" if model else ""))
 
-    def attn_type_(self) -> str:
+    def attention_kind(self) -> str:
         """TorchTitan's attention kind: "sdpa", "flex" or "varlen" (qwen3's args may lack it)."""
         return getattr(self, "attn_type", "sdpa")
 
     def check_training_device(self, cuda: bool) -> None:
-        if self.attn_type_() == "flex" and not cuda:
+        if self.attention_kind() == "flex" and not cuda:
             # torch's flex_attention refuses a CPU tensor that needs a gradient
             # (`_validate_device`, torch 2.13-2.15; tests/test_flex.py watches for the day it stops).
             raise ConfigError(f"model.flavor = {getattr(self, 'flavor_name', None)!r}: flex attention has no backward "
@@ -153,10 +153,10 @@ class TitanArgs(GammaArgs):
         return True
 
     def takes_attention_masks(self) -> bool:
-        return self.attn_type_() in ("flex", "varlen")
+        return self.attention_kind() in ("flex", "varlen")
 
     def context_parallel_balancers(self) -> tuple[str | None, ...]:
-        return ("headtail", "ptrr", None) if self.attn_type_() == "flex" else ("headtail", None)
+        return ("headtail", "ptrr", None) if self.attention_kind() == "flex" else ("headtail", None)
 
     def expert_parallel_needs_cuda(self) -> bool:
         return True  # TorchTitan's ExpertParallel: no CPU path for its token permutation
@@ -288,7 +288,7 @@ class TitanKnobs:
         args = self.model_args
         for block in self.layers.values():
             block.attention = (gated_attention if args.attention_gate != "none" else attention)(args)
-            if args.attn_type_() == "flex":
+            if args.attention_kind() == "flex":
                 block.attention.inner_attention = FlexAttention()
             if getattr(block, "moe_enabled", False) and type(block.moe) is MoE:  # not DeepEP's (CUDA only)
                 make_cpu_capable(block.moe, args.moe_args)
