@@ -2,6 +2,7 @@
 (tests/families/) installed by entry points for this process and every process it starts."""
 
 import atexit
+import logging
 import os
 import shutil
 import sys
@@ -53,6 +54,27 @@ def _environment_as_it_was():
     if dict(os.environ) != before:
         os.environ.clear()
         os.environ.update(before)
+
+
+_ROOT = logging.getLogger()
+_ROOT_AT_START = list(_ROOT.handlers), list(_ROOT.filters), _ROOT.level
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_as_it_was():
+    """Each test leaves the root logger (TorchTitan's) as the session found it. A trainer run in
+    this process (init_logger, the run's log file, the CPU's filter; a module fixture's too) leaves
+    a handler on the stream pytest captured for that test, closed once the test ends: a later
+    test's logging then prints "--- Logging error ---" into the stderr it checks. pytest's own
+    capture handlers come and go with each phase and are left to it."""
+    yield
+    handlers, filters, level = _ROOT_AT_START
+    for handler in list(_ROOT.handlers):
+        if handler not in handlers and not type(handler).__module__.startswith("_pytest"):
+            _ROOT.removeHandler(handler)
+            handler.close()
+    _ROOT.filters[:] = filters
+    _ROOT.setLevel(level)
 
 
 @pytest.fixture(scope="session")
