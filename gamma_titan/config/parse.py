@@ -219,12 +219,9 @@ def _parse_quietly(argv: list[str]):
     """TorchTitan's ConfigManager, with tyro's multi-line error boxes turned into one
     ConfigError line and its warnings (and TorchTitan's note that hf_assets_path
     "builtin" is not a folder) kept off stderr."""
-    root = logging.getLogger()
-    level = root.level
     captured = io.StringIO()
-    root.setLevel(logging.ERROR)
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stderr(captured):
+        with titan_warnings_held(), warnings.catch_warnings(), contextlib.redirect_stderr(captured):
             warnings.simplefilter("ignore")
             return _config_manager()().parse_args(argv)
     except SystemExit as e:
@@ -234,6 +231,20 @@ def _parse_quietly(argv: list[str]):
         raise ConfigError(_first_box_text(captured.getvalue())) from None
     except (ValueError, AssertionError) as e:  # TorchTitan's own checks (some are asserts)
         raise ConfigError(str(e).splitlines()[0] if str(e) else f"invalid config ({type(e).__name__})") from None
+
+
+@contextlib.contextmanager
+def titan_warnings_held():
+    """TorchTitan logs on the root logger. While a config is checked (parsed here; its model
+    args resolved by pre-flight and inspect) its warnings are held back: the trainer parses and
+    resolves again and logs them in its own log, and printed here, before any logging is set
+    up, they would stand above a refusal's one line ("Failed to use grouped mm" on any machine
+    without SM90). Errors still pass."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
     finally:
         root.setLevel(level)
 

@@ -10,15 +10,14 @@ Importing this module registers the families and the datasets with TorchTitan (s
 TorchTitan's own trainer finds them through `--experimental.custom_import
 gamma_titan.training.train_spec`, as every config of ours says)."""
 
-import contextlib
 import dataclasses
 import functools
-import logging
 
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 from torchtitan.protocols import train_spec as titan_train_spec
 from torchtitan.protocols.train_spec import TrainSpec
 
+from gamma_titan.config.parse import titan_warnings_held
 from gamma_titan.data.loader import build_dataloader
 from gamma_titan.data.registry import register_datasets
 from gamma_titan.errors import ConfigError
@@ -94,24 +93,9 @@ def resolve_model(job_config):
     if flavor not in spec.model_args:
         raise ConfigError(f"model.flavor = {flavor!r}: allowed for {name}: {', '.join(spec.model_args)}")
     args = spec.model_args[flavor]  # a fresh copy (Flavors)
-    with _titan_warnings_held():
+    with titan_warnings_held():  # a check: the trainer resolves again and logs them
         args.update_from_config(job_config)
     return spec, args
-
-
-@contextlib.contextmanager
-def _titan_warnings_held():
-    """TorchTitan's model args warn on the root logger while they resolve ("Failed to use grouped
-    mm" on any machine without SM90). Resolving is a check here (pre-flight, inspect): the trainer
-    resolves the args again and logs those warnings in its own log; printed here, before any
-    logging is set up, they would stand above a pre-flight refusal's one line."""
-    root = logging.getLogger()
-    hold = logging.Filter("held")  # a name no record of the root logger carries: drops them all
-    root.addFilter(hold)
-    try:
-        yield
-    finally:
-        root.removeFilter(hold)
 
 
 register_families()
